@@ -1,0 +1,571 @@
+"""A test kubelet (kwok-style) that makes pods on the loopback apiserver real enough for the sandbox lifecycle.
+
+It plays the two missing control-plane parts for one Node:
+- scheduler: binds each pending pod to the node (`create_namespaced_binding`), or marks it
+  PodScheduled=False/Unschedulable when its requests do not fit or its nodeSelector does not match;
+- kubelet: for each pod bound to the node it "runs" the first container as a local process and reports
+  status back like a kubelet does (phase, podIP, conditions, container states).
+
+What "running a container" means here, so the pod spec alone decides what runs:
+- each pod gets its own loopback pod IP (127.B.x.y, B random per kubelet so parallel runs do not collide);
+  "0.0.0.0" in the container's command/args (listen on all of the pod's interfaces) becomes that IP;
+- emptyDir and secret volumes become per-pod host directories; container paths under a volume mount, or
+  under a path of the "image" given in `image_files` (e.g. /opt/trove -> the repo's workers/sandboxes),
+  are rewritten to the host path; `python3` runs as this interpreter;
+- env: `value` and `valueFrom.secretKeyRef` (read from the API, as a kubelet does);
+- readiness: a tcpSocket readinessProbe is polled at podIP:port before the pod is reported Ready;
+- an image whose registry host ends in ".invalid" cannot be pulled: the pod stays Pending with the
+  container waiting in ErrImagePull, then ImagePullBackOff;
+- a process that exits is reported as a terminated container (pod phase Failed, restartPolicy Never);
+- a pod being deleted (deletionTimestamp set) has its process group killed and is then deleted with grace
+  period 0, as a kubelet confirms termination; a pod that vanishes has its process killed too.
+
+Run in a thread of the test process: `start()` / `stop()`, or `with TestKubelet(...)`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import itertools
+import logging
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes import watch
+from kubernetes.utils.quantity import parse_quantity
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# What the sandbox image holds, for this kubelet: the agent at /opt/trove/agent.py (see deploy/README.md).
+DEFAULT_IMAGE_FILES = {"/opt/trove": REPO_ROOT / "workers" / "sandboxes"}
+DEFAULT_CAPACITY = {"cpu": "64", "memory": "256Gi", "pods": "1000", "ephemeral-storage": "1Ti"}
+READINESS_TIMEOUT = 30.0
+SECRET_WAIT = 20.0
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _ip_sequence() -> Iterator[str]:
+    second = random.randint(16, 250)
+    for n in itertools.count(2):
+        if n & 255 in (0, 1, 255):
+            continue
+        yield f"127.{second}.{(n >> 8) & 255}.{n & 255}"
+
+
+@dataclass
+class PodRun:
+    """One pod this kubelet runs. `lock` serializes start and termination of the same pod."""
+
+    uid: str
+    namespace: str
+    name: str
+    ip: str
+    dir: Path
+    requests: dict[str, Decimal]
+    proc: subprocess.Popen[bytes] | None = None
+    deleting: bool = False
+    reported_exit: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class TestKubelet:
+    __test__ = False  # not a pytest test class despite its name
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient,
+        *,
+        node_name: str = "trove-test-node",
+        namespace: str | None = None,
+        image_files: dict[str, Path] | None = None,
+        capacity: dict[str, str] | None = None,
+        workdir: Path | None = None,
+        max_workers: int = 32,
+    ) -> None:
+        self.api = k8s.CoreV1Api(api_client)
+        self.node_name = node_name
+        self.namespace = namespace
+        self.image_files = dict(image_files or DEFAULT_IMAGE_FILES)
+        self.capacity = dict(capacity or DEFAULT_CAPACITY)
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="trove-kubelet-"))
+        self._ips = _ip_sequence()
+        self._pods: dict[str, PodRun] = {}
+        self._seen_unbound: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._unpaused = threading.Event()
+        self._unpaused.set()
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kubelet")
+        self._threads: list[threading.Thread] = []
+        self.errors: list[str] = []  # unexpected failures, for tests to assert on
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    def start(self) -> TestKubelet:
+        self._register_node()
+        for target, name in ((self._watch_loop, "kubelet-watch"), (self._monitor_loop, "kubelet-monitor")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self, *, delete_node: bool = True) -> None:
+        self._stop.set()
+        self._unpaused.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            runs = list(self._pods.values())
+            self._pods.clear()
+        for run in runs:
+            self._kill(run)
+        if delete_node:
+            with contextlib.suppress(k8s.ApiException):
+                self.api.delete_node(self.node_name)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> TestKubelet:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold pod starts (as a slow image pull would) until the block ends."""
+        self._unpaused.clear()
+        try:
+            yield
+        finally:
+            self._unpaused.set()
+
+    def live_processes(self) -> int:
+        with self._lock:
+            return sum(1 for run in self._pods.values() if run.proc is not None and run.proc.poll() is None)
+
+    def pod_dir(self, namespace: str, name: str) -> Path | None:
+        with self._lock:
+            for run in self._pods.values():
+                if (run.namespace, run.name) == (namespace, name):
+                    return run.dir
+        return None
+
+    # -- node --------------------------------------------------------------------------------------------
+
+    def _register_node(self) -> None:
+        body = {"metadata": {"name": self.node_name, "labels": {"kubernetes.io/hostname": self.node_name}}}
+        try:
+            self.api.create_node(body)
+        except k8s.ApiException as exc:
+            if exc.status != 409:
+                raise
+        self.api.patch_node_status(self.node_name, {"status": self._node_status()})
+        # TaintNodesByCondition admission taints a new node not-ready; the node lifecycle controller would
+        # lift it once the node reports Ready. There is no such controller here, so lift it ourselves.
+        self.api.patch_node(self.node_name, {"spec": {"taints": None}})
+
+    def _node_status(self) -> dict[str, Any]:
+        now = _now()
+        return {
+            "capacity": self.capacity,
+            "allocatable": self.capacity,
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": self.node_name}],
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test kubelet is posting ready status",
+                 "lastHeartbeatTime": now, "lastTransitionTime": now},
+            ],
+            "nodeInfo": {
+                "machineID": "trove-test", "systemUUID": "trove-test", "bootID": "trove-test",
+                "kernelVersion": os.uname().release, "osImage": "loopback", "containerRuntimeVersion": "trove-test://1",
+                "kubeletVersion": "v1.20.2", "kubeProxyVersion": "v1.20.2", "operatingSystem": "linux",
+                "architecture": "amd64",
+            },
+        }
+
+    # -- event loop ------------------------------------------------------------------------------------
+
+    def _list(self, **kw: Any) -> Any:
+        if self.namespace:
+            return self.api.list_namespaced_pod(self.namespace, **kw)
+        return self.api.list_pod_for_all_namespaces(**kw)
+
+    def _watch_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                listing = self._list()
+                self._resync(listing.items)
+                self._watch_from(listing.metadata.resource_version)
+            except Exception as exc:  # keep the kubelet alive through apiserver hiccups, but record them
+                if self._stop.is_set():
+                    return
+                self.errors.append(f"watch: {exc!r}")
+                log.exception("test kubelet watch failed; relisting")
+                time.sleep(0.5)
+
+    def _watch_from(self, resource_version: str) -> None:
+        w = watch.Watch()
+        while not self._stop.is_set():
+            try:
+                for event in w.stream(self._list, resource_version=resource_version, timeout_seconds=1,
+                                      allow_watch_bookmarks=True):
+                    obj = event["object"]
+                    resource_version = obj.metadata.resource_version
+                    if event["type"] != "BOOKMARK":
+                        self._on_event(event["type"], obj)
+                    if self._stop.is_set():
+                        return
+            except k8s.ApiException as exc:
+                if exc.status == 410:  # our resourceVersion is too old: relist
+                    return
+                raise
+
+    def _resync(self, pods: list[k8s.V1Pod]) -> None:
+        present = {pod.metadata.uid for pod in pods}
+        with self._lock:
+            vanished = [run for uid, run in self._pods.items() if uid not in present]
+        for run in vanished:
+            self._pool.submit(self._forget, run.uid)
+        for pod in pods:
+            self._on_event("ADDED", pod)
+
+    def _on_event(self, kind: str, pod: k8s.V1Pod) -> None:
+        uid = pod.metadata.uid
+        if kind == "DELETED":
+            self._pool.submit(self._forget, uid)
+            return
+        node = pod.spec.node_name
+        if pod.metadata.deletion_timestamp is not None:
+            if node == self.node_name:
+                self._pool.submit(self._terminate, pod)
+            return
+        if not node:
+            with self._lock:
+                if uid in self._seen_unbound:
+                    return
+                self._seen_unbound.add(uid)
+            self._pool.submit(self._schedule, pod)
+            return
+        if node != self.node_name or pod.status.phase in ("Succeeded", "Failed"):
+            return
+        with self._lock:
+            if uid in self._pods:
+                return
+            run = PodRun(uid=uid, namespace=pod.metadata.namespace, name=pod.metadata.name, ip=next(self._ips),
+                         dir=self.workdir / uid, requests=_pod_requests(pod))
+            self._pods[uid] = run
+        self._pool.submit(self._start, run, pod)
+
+    # -- scheduler -------------------------------------------------------------------------------------
+
+    def _schedule(self, pod: k8s.V1Pod) -> None:
+        why = self._unfit_reason(pod)
+        ns, name = pod.metadata.namespace, pod.metadata.name
+        if why:
+            self._patch_status(ns, name, {"conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": f"0/1 nodes are available: 1 {why}.", "lastTransitionTime": _now()}]})
+            return
+        binding = {"metadata": {"name": name, "uid": pod.metadata.uid},
+                   "target": {"apiVersion": "v1", "kind": "Node", "name": self.node_name}}
+        try:
+            # The response is a Status, which the generated client cannot read as a Binding.
+            self.api.create_namespaced_binding(ns, binding, _preload_content=False)
+        except k8s.ApiException as exc:
+            if exc.status not in (404, 409):  # deleted meanwhile, or already bound
+                self.errors.append(f"bind {ns}/{name}: {exc.status} {exc.reason}")
+
+    def _unfit_reason(self, pod: k8s.V1Pod) -> str:
+        selector = pod.spec.node_selector or {}
+        if any(self._node_labels().get(k) != v for k, v in selector.items()):
+            return "node(s) didn't match node selector"
+        wanted = _pod_requests(pod)
+        with self._lock:
+            used: dict[str, Decimal] = {}
+            for run in self._pods.values():
+                for key, qty in run.requests.items():
+                    used[key] = used.get(key, Decimal(0)) + qty
+            pod_count = len(self._pods)
+        if pod_count + 1 > parse_quantity(self.capacity["pods"]):
+            return "Too many pods"
+        for key, qty in wanted.items():
+            if key in self.capacity and used.get(key, Decimal(0)) + qty > parse_quantity(self.capacity[key]):
+                return f"Insufficient {key}"
+        return ""
+
+    def _node_labels(self) -> dict[str, str]:
+        return {"kubernetes.io/hostname": self.node_name}
+
+    # -- running pods ----------------------------------------------------------------------------------
+
+    def _start(self, run: PodRun, pod: k8s.V1Pod) -> None:
+        self._unpaused.wait()
+        with run.lock:
+            if run.deleting or self._stop.is_set():
+                return
+            try:
+                self._start_locked(run, pod)
+            except Exception as exc:
+                self.errors.append(f"start {run.namespace}/{run.name}: {exc!r}")
+                log.exception("test kubelet could not start %s/%s", run.namespace, run.name)
+
+    def _start_locked(self, run: PodRun, pod: k8s.V1Pod) -> None:
+        container = pod.spec.containers[0]
+        if _unpullable(container.image):
+            self._report_unpullable(run, container)
+            return
+        run.dir.mkdir(parents=True, exist_ok=True)
+        mounts = self._prepare_volumes(run, pod, container)
+        if mounts is None:
+            return  # a referenced secret never appeared; reported as CreateContainerConfigError
+        env = self._container_env(run, pod, container, mounts)
+        if env is None:
+            return
+        argv = [self._host_arg(a, run, mounts) for a in [*(container.command or []), *(container.args or [])]]
+        if argv and argv[0] in ("python", "python3"):
+            argv[0] = sys.executable
+        cwd = self._host_path(container.working_dir, mounts) if container.working_dir else str(run.dir)
+        out = open(run.dir / "container.log", "wb")  # noqa: SIM115 - the child owns it
+        run.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        out.close()
+        ready = self._probe(run, container)
+        if run.deleting or self._stop.is_set():
+            return
+        if run.proc.poll() is None:
+            self._patch_status(run.namespace, run.name, self._running_status(run, container, ready=ready))
+
+    def _report_unpullable(self, run: PodRun, container: k8s.V1Container) -> None:
+        for reason in ("ErrImagePull", "ImagePullBackOff"):
+            message = f'Back-off pulling image "{container.image}"' if reason == "ImagePullBackOff" else (
+                f'rpc error: code = Unknown desc = failed to resolve image "{container.image}": no such host')
+            self._patch_status(run.namespace, run.name, {
+                "phase": "Pending", "hostIP": "127.0.0.1", "podIP": run.ip, "podIPs": [{"ip": run.ip}],
+                "startTime": _now(),
+                "conditions": self._conditions(ready=False),
+                "containerStatuses": [self._container_status(container, ready=False, state={
+                    "waiting": {"reason": reason, "message": message}})],
+            })
+            time.sleep(0.2)
+
+    def _prepare_volumes(self, run: PodRun, pod: k8s.V1Pod, container: k8s.V1Container) -> dict[str, Path] | None:
+        host_dirs: dict[str, Path] = {}
+        for volume in pod.spec.volumes or []:
+            path = run.dir / "volumes" / volume.name
+            path.mkdir(parents=True, exist_ok=True)
+            if volume.secret is not None:
+                data = self._wait_secret(run, container, pod.metadata.namespace, volume.secret.secret_name)
+                if data is None:
+                    return None
+                mode = volume.secret.default_mode if volume.secret.default_mode is not None else 0o644
+                for key, value in data.items():
+                    target = path / key
+                    target.write_bytes(base64.b64decode(value))
+                    # The process runs as our uid, so the owner bits are what the pod's fsGroup would grant.
+                    target.chmod((mode | (mode >> 3 & 0o700)) & 0o700 or 0o400)
+            host_dirs[volume.name] = path
+        return {m.mount_path.rstrip("/") or "/": host_dirs[m.name] for m in container.volume_mounts or []
+                if m.name in host_dirs}
+
+    def _container_env(self, run: PodRun, pod: k8s.V1Pod, container: k8s.V1Container,
+                       mounts: dict[str, Path]) -> dict[str, str] | None:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+               "HOME": str(mounts.get("/tmp", run.dir))}
+        if "/tmp" in mounts:
+            env["TMPDIR"] = str(mounts["/tmp"])
+        for var in container.env or []:
+            if var.value_from is not None and var.value_from.secret_key_ref is not None:
+                ref = var.value_from.secret_key_ref
+                data = self._wait_secret(run, container, pod.metadata.namespace, ref.name)
+                if data is None or ref.key not in data:
+                    return None
+                env[var.name] = base64.b64decode(data[ref.key]).decode()
+            elif var.value is not None:
+                env[var.name] = self._host_arg(var.value, run, mounts)
+        return env
+
+    def _wait_secret(self, run: PodRun, container: k8s.V1Container, namespace: str, name: str) -> dict[str, str] | None:
+        """A kubelet keeps retrying a missing secret; the pod sits in CreateContainerConfigError meanwhile."""
+        deadline = time.monotonic() + SECRET_WAIT
+        reported = False
+        while not (run.deleting or self._stop.is_set()):
+            try:
+                return self.api.read_namespaced_secret(name, namespace).data or {}
+            except k8s.ApiException as exc:
+                if exc.status != 404:
+                    raise
+            if not reported:
+                self._patch_status(run.namespace, run.name, {"containerStatuses": [self._container_status(
+                    container, ready=False, state={"waiting": {"reason": "CreateContainerConfigError",
+                                                               "message": f'secret "{name}" not found'}})]})
+                reported = True
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.3)
+        return None
+
+    def _host_path(self, path: str, mounts: dict[str, Path]) -> str:
+        roots = {**{k: Path(v) for k, v in self.image_files.items()}, **mounts}
+        for root in sorted(roots, key=len, reverse=True):
+            if path == root or path.startswith(root.rstrip("/") + "/"):
+                return str(roots[root]) + path[len(root.rstrip("/")):]
+        return path
+
+    def _host_arg(self, arg: str, run: PodRun, mounts: dict[str, Path]) -> str:
+        arg = arg.replace("0.0.0.0", run.ip)  # "all of the pod's interfaces" is the pod IP here
+        if "=" in arg and not arg.startswith("/"):
+            key, _, value = arg.partition("=")
+            return f"{key}={self._host_path(value, mounts)}"
+        return self._host_path(arg, mounts)
+
+    def _probe(self, run: PodRun, container: k8s.V1Container) -> bool:
+        probe = container.readiness_probe
+        if probe is None or probe.tcp_socket is None:
+            return True
+        port = _resolve_port(probe.tcp_socket.port, container)
+        deadline = time.monotonic() + READINESS_TIMEOUT
+        while time.monotonic() < deadline and not run.deleting and not self._stop.is_set():
+            if run.proc is not None and run.proc.poll() is not None:
+                return False
+            with contextlib.suppress(OSError), socket.create_connection((run.ip, port), timeout=0.5):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def _running_status(self, run: PodRun, container: k8s.V1Container, *, ready: bool) -> dict[str, Any]:
+        started = _now()
+        return {
+            "phase": "Running", "hostIP": "127.0.0.1", "podIP": run.ip, "podIPs": [{"ip": run.ip}], "startTime": started,
+            "conditions": self._conditions(ready=ready),
+            "containerStatuses": [self._container_status(container, ready=ready, state={"running": {"startedAt": started}},
+                                                         container_id=f"trove-test://{run.proc.pid if run.proc else 0}")],
+        }
+
+    @staticmethod
+    def _conditions(*, ready: bool) -> list[dict[str, str]]:
+        now, flag = _now(), "True" if ready else "False"
+        return [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+            {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+            {"type": "ContainersReady", "status": flag, "lastTransitionTime": now},
+            {"type": "Ready", "status": flag, "lastTransitionTime": now},
+        ]
+
+    @staticmethod
+    def _container_status(container: k8s.V1Container, *, ready: bool, state: dict[str, Any],
+                          container_id: str | None = None) -> dict[str, Any]:
+        status = {"name": container.name, "image": container.image, "imageID": "", "ready": ready,
+                  "restartCount": 0, "started": "running" in state, "state": state}
+        if container_id:
+            status["containerID"] = container_id
+        return status
+
+    def _monitor_loop(self) -> None:
+        """Report processes that exited on their own (restartPolicy Never: the pod fails)."""
+        while not self._stop.wait(0.2):
+            with self._lock:
+                exited = [run for run in self._pods.values() if run.proc is not None and not run.deleting
+                          and not run.reported_exit and run.proc.poll() is not None]
+            for run in exited:
+                run.reported_exit = True
+                code = run.proc.returncode if run.proc else -1
+                reason = "Completed" if code == 0 else "Error"
+                self._pool.submit(self._patch_status, run.namespace, run.name, {
+                    "phase": "Succeeded" if code == 0 else "Failed",
+                    "conditions": self._conditions(ready=False),
+                    "containerStatuses": [{"name": "sandbox", "image": "", "imageID": "", "ready": False,
+                                           "restartCount": 0, "state": {"terminated": {
+                                               "exitCode": code, "reason": reason, "finishedAt": _now()}}}],
+                })
+
+    def _terminate(self, pod: k8s.V1Pod) -> None:
+        uid = pod.metadata.uid
+        with self._lock:
+            run = self._pods.get(uid)
+        if run is not None:
+            if run.deleting:
+                return
+            run.deleting = True
+            with run.lock:
+                self._kill(run)
+        try:
+            self.api.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0,
+                                           body={"preconditions": {"uid": uid}})
+        except k8s.ApiException as exc:
+            if exc.status not in (404, 409):  # gone already, or a newer pod of the same name
+                self.errors.append(f"delete {pod.metadata.namespace}/{pod.metadata.name}: {exc.status}")
+
+    def _forget(self, uid: str) -> None:
+        with self._lock:
+            run = self._pods.pop(uid, None)
+            self._seen_unbound.discard(uid)
+        if run is not None:
+            run.deleting = True
+            with run.lock:
+                self._kill(run)
+            shutil.rmtree(run.dir, ignore_errors=True)
+
+    @staticmethod
+    def _kill(run: PodRun) -> None:
+        proc = run.proc
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def _patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        try:
+            self.api.patch_namespaced_pod_status(name, namespace, {"status": status})
+        except k8s.ApiException as exc:
+            if exc.status != 404:  # deleted while we were reporting on it
+                self.errors.append(f"status {namespace}/{name}: {exc.status} {exc.reason}")
+
+
+def _unpullable(image: str | None) -> bool:
+    host = (image or "").split("/", 1)[0] if "/" in (image or "") else ""
+    return not image or host.endswith(".invalid")
+
+
+def _resolve_port(port: Any, container: k8s.V1Container) -> int:
+    if isinstance(port, int) or str(port).isdigit():
+        return int(port)
+    for declared in container.ports or []:
+        if declared.name == port:
+            return int(declared.container_port)
+    raise ValueError(f"unknown named port {port!r}")
+
+
+def _pod_requests(pod: k8s.V1Pod) -> dict[str, Decimal]:
+    total: dict[str, Decimal] = {}
+    for container in pod.spec.containers:
+        requests = (container.resources.requests if container.resources else None) or {}
+        for key, qty in requests.items():
+            total[key] = total.get(key, Decimal(0)) + parse_quantity(qty)
+    return total

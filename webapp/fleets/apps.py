@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class FleetsConfig(AppConfig):
+    name = "webapp.fleets"
+    label = "fleets"

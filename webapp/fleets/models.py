@@ -1,0 +1,152 @@
+"""Environment fleets: templates (immutable), fleets (warm-pool targets), sandboxes and their event log."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from django.db import models
+
+
+class EnvironmentTemplate(models.Model):
+    """Immutable: a change makes a new version. `spec_hash` identifies the effective spec."""
+
+    class Network(models.TextChoices):
+        NONE = "none"
+        PROXY_ONLY = "proxy-only"
+        ALLOW_LIST = "allow-list"
+
+    name = models.CharField(max_length=100)
+    version = models.PositiveIntegerField(default=1)
+    image = models.CharField(max_length=300, blank=True, help_text="Kubernetes image, pinned by digest")
+    rootfs = models.CharField(max_length=300, blank=True, help_text="local: root filesystem; empty = host /usr")
+    cpu = models.FloatField(default=1.0)
+    memory_mb = models.PositiveIntegerField(default=1024)
+    pids = models.PositiveIntegerField(default=256)
+    disk_mb = models.PositiveIntegerField(default=1024)
+    network = models.CharField(max_length=16, choices=Network.choices, default=Network.NONE)
+    allow_list = models.JSONField(default=list, blank=True)
+    setup_commands = models.JSONField(default=list, blank=True)
+    max_lifetime_s = models.PositiveIntegerField(default=3600)
+    idle_timeout_s = models.PositiveIntegerField(default=900)
+    reusable = models.BooleanField(default=False, help_text="sandboxes are single-use unless this is set")
+    spec_hash = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    SPEC_FIELDS = (
+        "image", "rootfs", "cpu", "memory_mb", "pids", "disk_mb", "network", "allow_list",
+        "setup_commands", "max_lifetime_s", "idle_timeout_s", "reusable",
+    )
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["name", "version"], name="template_unique_version")]
+        ordering = ["name", "-version"]
+
+    def compute_spec_hash(self) -> str:
+        spec = {field: getattr(self, field) for field in self.SPEC_FIELDS}
+        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+    def save(self, *args, **kwargs):
+        # Immutability is enforced in the service layer (a change creates a new version); the hash is
+        # derived state and always recomputed so it cannot drift from the fields.
+        self.spec_hash = self.compute_spec_hash()
+        super().save(*args, **kwargs)
+
+    def __str__(self) -> str:
+        return f"{self.name} v{self.version}"
+
+
+class Fleet(models.Model):
+    class Backend(models.TextChoices):
+        LOCAL = "local"
+        KUBERNETES = "kubernetes"
+
+    class Sizing(models.TextChoices):
+        FIXED = "fixed"
+        BACKLOG = "backlog"
+
+    class MissPolicy(models.TextChoices):
+        WAIT = "wait"
+        COLD = "cold"
+
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        DRAINING = "draining"
+        HOLDING = "holding"
+
+    name = models.CharField(max_length=100, unique=True)
+    template = models.ForeignKey(EnvironmentTemplate, on_delete=models.PROTECT, related_name="fleets")
+    backend = models.CharField(max_length=16, choices=Backend.choices, default=Backend.LOCAL)
+    min_warm = models.PositiveIntegerField(default=0)
+    max_warm = models.PositiveIntegerField(default=4)
+    max_total = models.PositiveIntegerField(default=16)
+    refill_per_minute = models.PositiveIntegerField(default=120)
+    sizing = models.CharField(max_length=16, choices=Sizing.choices, default=Sizing.BACKLOG)
+    miss_policy = models.CharField(max_length=8, choices=MissPolicy.choices, default=MissPolicy.COLD)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    hold_reason = models.TextField(blank=True)
+    claims_hit = models.PositiveBigIntegerField(default=0)
+    claims_miss = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Sandbox(models.Model):
+    class State(models.TextChoices):
+        REQUESTED = "requested"
+        PROVISIONING = "provisioning"
+        WARM = "warm"
+        LEASED = "leased"
+        RELEASED = "released"
+        TERMINATING = "terminating"
+        TERMINATED = "terminated"
+        FAILED = "failed"
+        LOST = "lost"
+
+    LIVE_STATES = (State.REQUESTED, State.PROVISIONING, State.WARM, State.LEASED, State.RELEASED)
+    OCCUPYING_STATES = LIVE_STATES + (State.TERMINATING,)
+
+    fleet = models.ForeignKey(Fleet, on_delete=models.PROTECT, related_name="sandboxes")
+    name = models.CharField(max_length=63, unique=True, help_text="deterministic backend name")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.REQUESTED, db_index=True)
+    endpoint = models.CharField(max_length=300, blank=True)
+    # The per-sandbox agent secret: generated by Trove, never shown on a page or in the API.
+    agent_secret = models.CharField(max_length=128, blank=True)
+    failure_reason = models.TextField(blank=True)
+    lease_holder = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    fencing_token = models.PositiveBigIntegerField(default=0)
+    cold_claim = models.BooleanField(default=False)
+    requested_at = models.DateTimeField(auto_now_add=True)
+    scheduled_at = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    leased_at = models.DateTimeField(null=True, blank=True)
+    first_exec_at = models.DateTimeField(null=True, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+    terminated_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["fleet", "state"])]
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class SandboxEvent(models.Model):
+    """Append-only: every state transition and every exec, with the reason."""
+
+    sandbox = models.ForeignKey(Sandbox, on_delete=models.CASCADE, related_name="events")
+    fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=32)
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16, blank=True)
+    reason = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-id"]

@@ -1,0 +1,161 @@
+"""The call record: what the recording proxy knows about one model call.
+
+A `CallRecord` is plain data. It crosses a queue (Redis stream, spool file) as JSON and becomes an
+`experience.records.StepRecord` at the writer. It never holds the upstream API key: the request recorded
+is the body the client sent (with the model override applied), and the client never sees the key.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime
+from typing import Any
+
+from experience.records import MessageRecord, StepRecord
+
+ERROR_KINDS = (
+    "invalid_request",  # the client's body was not a JSON object
+    "upstream_status",  # the upstream answered 4xx / 5xx (passed through as given)
+    "upstream_timeout",  # no byte from the upstream within the timeout (504)
+    "upstream_connect",  # the upstream could not be reached or dropped before answering (502)
+    "stream_broken",  # the upstream dropped the connection mid-stream
+    "malformed_stream",  # a `data:` line that is not JSON, or an error event inside the stream
+    "malformed_body",  # a non-stream body that is not JSON
+    "client_disconnected",  # the client went away before the answer was delivered
+)
+
+
+@dataclass
+class CallRecord:
+    """One model call that went through the proxy.
+
+    `call_id` is the idempotency key: the writer keeps the first record it sees for a call id and ignores
+    later ones (a redelivered queue entry, a replayed spool segment, a client retry that reused its
+    `X-Trove-Call-Id`). `response` is the upstream body; for a stream, the equivalent non-stream body
+    assembled from the chunks.
+    """
+
+    call_id: str
+    rollout_id: str
+    trajectory_id: str
+    started_at: datetime
+    ended_at: datetime
+    latency_ms: float
+    ttft_ms: float | None
+    request: dict[str, Any]
+    response: dict[str, Any] | None
+    status_code: int
+    usage: dict[str, Any] | None = None
+    error: str | None = None
+    error_kind: str | None = None
+    stream: bool = False
+
+    @property
+    def is_error(self) -> bool:
+        return self.error is not None or self.status_code >= 400
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["started_at"] = self.started_at.isoformat()
+        data["ended_at"] = self.ended_at.isoformat()
+        return data
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False).encode()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CallRecord:
+        known = {f.name for f in fields(cls)}
+        values = {key: value for key, value in data.items() if key in known}
+        values["started_at"] = datetime.fromisoformat(values["started_at"])
+        values["ended_at"] = datetime.fromisoformat(values["ended_at"])
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> CallRecord:
+        return cls.from_dict(json.loads(raw))
+
+    def to_step_record(self) -> StepRecord:
+        message = _first_message(self.response)
+        response_text = _text_of(message.get("content")) if "content" in message else None
+        usage = self.usage or {}
+        return StepRecord(
+            kind="model_call",
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+            duration_ms=self.latency_ms,
+            text=response_text or self.error or "",
+            request_messages=[message_record(m) for m in self.request.get("messages") or []],
+            response_text=response_text,
+            response_json=self.response,
+            tool_calls=message.get("tool_calls") or None,
+            model=(self.response or {}).get("model") or self.request.get("model"),
+            tokens_in=usage.get("prompt_tokens"),
+            tokens_out=usage.get("completion_tokens"),
+            latency_ms=self.latency_ms,
+            ttft_ms=self.ttft_ms,
+            call_id=self.call_id,
+            is_error=self.is_error,
+            payload=self._step_payload(message),
+        )
+
+    def _step_payload(self, message: dict[str, Any]) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "rollout_id": self.rollout_id,
+            "trajectory_id": self.trajectory_id,
+            "status_code": self.status_code,
+            "stream": self.stream,
+            # tools, temperature, max_tokens...: what shaped the answer besides the messages
+            "params": {key: value for key, value in self.request.items() if key != "messages"},
+        }
+        choice = _first_choice(self.response)
+        optional = {
+            "finish_reason": choice.get("finish_reason"),
+            "usage": self.usage,
+            "error": self.error,
+            "error_kind": self.error_kind,
+            "reasoning": message.get("reasoning_content") or message.get("reasoning"),
+        }
+        payload.update({key: value for key, value in optional.items() if value is not None})
+        return payload
+
+
+def message_record(message: dict[str, Any]) -> MessageRecord:
+    """An OpenAI chat message as a MessageRecord; content parts are flattened to text."""
+    return MessageRecord(
+        role=str(message.get("role") or ""),
+        content=_text_of(message.get("content")) or "",
+        name=message.get("name"),
+        tool_calls=message.get("tool_calls") or None,
+        tool_call_id=message.get("tool_call_id"),
+    )
+
+
+def _text_of(content: Any) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        # Non-text parts (images, audio) keep a marker so the text does not silently read as complete.
+        return "\n".join(_part_text(part) for part in content)
+    return json.dumps(content)
+
+
+def _part_text(part: Any) -> str:
+    if isinstance(part, dict):
+        if isinstance(part.get("text"), str):
+            return part["text"]
+        return f"[{part.get('type', 'part')}]"
+    return str(part)
+
+
+def _first_choice(response: dict[str, Any] | None) -> dict[str, Any]:
+    choices = (response or {}).get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        return choices[0]
+    return {}
+
+
+def _first_message(response: dict[str, Any] | None) -> dict[str, Any]:
+    message = _first_choice(response).get("message")
+    return message if isinstance(message, dict) else {}

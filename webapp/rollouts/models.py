@@ -1,0 +1,127 @@
+"""Task sets, rollout jobs and rollouts. A Rollout is one sample of one task; its Trajectory is the record."""
+
+from __future__ import annotations
+
+import secrets
+
+from django.conf import settings
+from django.db import models
+
+
+class TaskSet(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    source = models.CharField(max_length=32, default="demo", help_text="demo | jsonl | api")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Task(models.Model):
+    task_set = models.ForeignKey(TaskSet, on_delete=models.CASCADE, related_name="tasks")
+    key = models.CharField(max_length=200)
+    title = models.CharField(max_length=300, blank=True)
+    instruction = models.TextField()
+    difficulty = models.CharField(max_length=16, blank=True)
+    files = models.JSONField(default=dict, blank=True, help_text="relative path -> text, written to the workspace")
+    setup_commands = models.JSONField(default=list, blank=True)
+    eval_command = models.TextField()
+    eval_timeout_s = models.PositiveIntegerField(default=60)
+    metadata = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["task_set", "key"], name="task_unique_key")]
+        ordering = ["task_set_id", "key"]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class RolloutJob(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        COMPLETED = "completed"
+        CANCELLED = "cancelled"
+        FAILED = "failed"
+
+    class Sampling(models.TextChoices):
+        UNIFORM = "uniform"
+        ADAPTIVE = "adaptive"
+
+    name = models.CharField(max_length=200, blank=True)
+    task_set = models.ForeignKey(TaskSet, on_delete=models.PROTECT, related_name="jobs")
+    fleet = models.ForeignKey("fleets.Fleet", on_delete=models.PROTECT, related_name="jobs")
+    harness = models.CharField(max_length=100, default="builtin")
+    harness_command = models.TextField(blank=True, help_text="external harness: command run in the sandbox")
+    model_base_url = models.CharField(max_length=500)
+    model_name = models.CharField(max_length=200)
+    # A reference to a secret (env:NAME or file:/path), never the key itself.
+    api_key_ref = models.CharField(max_length=200, blank=True)
+    samples_per_task = models.PositiveIntegerField(default=1)
+    max_steps = models.PositiveIntegerField(default=30)
+    max_tokens = models.PositiveIntegerField(null=True, blank=True)
+    wall_time_s = models.PositiveIntegerField(default=600)
+    concurrency = models.PositiveIntegerField(default=4)
+    sampling = models.CharField(max_length=16, choices=Sampling.choices, default=Sampling.UNIFORM)
+    adaptive_first_round = models.PositiveIntegerField(default=2)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return self.name or f"job {self.pk}"
+
+
+def _new_token() -> str:
+    return secrets.token_urlsafe(24)
+
+
+class Rollout(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"  # the task's evaluation passed
+        FAILED = "failed"  # the agent ran to the end and the evaluation did not pass
+        INFRA_ERROR = "infra_error"  # Trove or the sandbox failed: never training data
+        CANCELLED = "cancelled"
+
+    FINISHED = (Status.SUCCEEDED, Status.FAILED, Status.INFRA_ERROR, Status.CANCELLED)
+
+    job = models.ForeignKey(RolloutJob, on_delete=models.CASCADE, related_name="rollouts")
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="rollouts")
+    sample_index = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    token = models.CharField(max_length=64, unique=True, default=_new_token)
+    attempt = models.PositiveIntegerField(default=0)
+    worker = models.CharField(max_length=200, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    sandbox = models.ForeignKey("fleets.Sandbox", null=True, blank=True, on_delete=models.SET_NULL)
+    trajectory = models.OneToOneField(
+        "experience.Trajectory", null=True, blank=True, on_delete=models.SET_NULL, related_name="rollout"
+    )
+    reward = models.FloatField(null=True, blank=True)
+    steps = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    eval_output = models.TextField(blank=True)
+    eval_timed_out = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    timings = models.JSONField(default=dict, blank=True, help_text="ms spent in model, sandbox, eval, total")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "task", "sample_index"], name="rollout_unique_sample"),
+        ]
+        ordering = ["id"]
+        indexes = [models.Index(fields=["job", "status"])]
+
+    def __str__(self) -> str:
+        return f"rollout {self.pk} ({self.task_id}#{self.sample_index})"

@@ -1,0 +1,202 @@
+"""Trove settings. All configuration comes from environment variables, read here once.
+
+Two ways to run, one code path:
+- embedded default: no DATABASE_URL -> SQLite under var/ (WAL); no REDIS_URL -> Celery on the memory
+  transport with an in-process worker thread (started by the `serve`/`demo` commands and the tests).
+- full stack: DATABASE_URL=postgres://... and REDIS_URL=redis://... -> Postgres and real worker processes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from webapp.env import ConfigError, env_bool, env_choice, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("TROVE_VAR_DIR") or BASE_DIR / "var")
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+EMBEDDED = not env_str("DATABASE_URL")
+
+# No production default for the secret key: the embedded mode (a laptop, a demo, tests) gets a fixed
+# development key; anything with a real database must set SECRET_KEY.
+_secret = env_str("SECRET_KEY")
+if not _secret:
+    if not (EMBEDDED or env_bool("TROVE_ALLOW_DEV_SECRET", False)):
+        raise ConfigError("SECRET_KEY is required when DATABASE_URL is set (or set TROVE_ALLOW_DEV_SECRET=1)")
+    _secret = "trove-development-only-secret-key-not-for-production"
+SECRET_KEY = _secret
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "experience",
+    "webapp.core",
+    "webapp.fleets",
+    "webapp.rollouts",
+    "webapp.dashboard",
+    "webapp.api",
+    "workers",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "webapp.urls"
+WSGI_APPLICATION = "webapp.wsgi.application"
+ASGI_APPLICATION = "webapp.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _database_from_url(url: str) -> dict:
+    parsed = urlparse(url)
+    if parsed.scheme not in ("postgres", "postgresql"):
+        raise ConfigError(f"DATABASE_URL scheme {parsed.scheme!r} is not supported (use postgres://)")
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parsed.path.lstrip("/")) or "trove",
+        "USER": unquote(parsed.username or ""),
+        "PASSWORD": unquote(parsed.password or ""),
+        "HOST": parsed.hostname or "",
+        "PORT": str(parsed.port or ""),
+        "CONN_MAX_AGE": 60,
+        "CONN_HEALTH_CHECKS": True,
+        "TEST": {"NAME": env_str("TROVE_TEST_DATABASE_NAME") or None},
+    }
+
+
+def _sqlite_database() -> dict:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    return {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": VAR_DIR / "trove.sqlite3",
+        # WAL lets the dashboard read while the in-process worker writes; the busy timeout rides out the
+        # short write locks instead of failing with "database is locked".
+        "OPTIONS": {
+            "timeout": 30,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        },
+        "TEST": {"NAME": str(VAR_DIR / "test.sqlite3")},
+    }
+
+
+_database_url = env_str("DATABASE_URL")
+DATABASES = {"default": _database_from_url(_database_url) if _database_url else _sqlite_database()}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = VAR_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "webapp" / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+
+# --- Celery -----------------------------------------------------------------------------------------
+REDIS_URL = env_str("REDIS_URL")
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = False  # only idempotent tasks opt in, per task
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SOFT_TIME_LIMIT = env_int("TROVE_TASK_SOFT_TIME_LIMIT", 1800)
+CELERY_TASK_TIME_LIMIT = env_int("TROVE_TASK_TIME_LIMIT", 1900)
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("TROVE_VISIBILITY_TIMEOUT", 3600)}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_DEFAULT_QUEUE = "trove"
+CELERY_BEAT_SCHEDULE = {
+    "fleets-reconcile": {"task": "trove.fleets.reconcile_all", "schedule": 5.0},
+    "rollouts-reap-stale": {"task": "trove.rollouts.reap_stale", "schedule": 15.0},
+}
+
+# --- Trove ------------------------------------------------------------------------------------------
+TROVE_SANDBOX_BACKEND = env_choice("TROVE_SANDBOX_BACKEND", "local", ("local", "kubernetes"))
+TROVE_SANDBOX_ROOT = Path(env_str("TROVE_SANDBOX_ROOT") or VAR_DIR / "sandboxes")
+TROVE_KUBE_NAMESPACE = env_str("TROVE_KUBE_NAMESPACE", "trove-sandboxes")
+TROVE_KUBECONFIG = env_str("KUBECONFIG")
+TROVE_PROXY_HOST = env_str("TROVE_PROXY_HOST", "127.0.0.1")
+TROVE_PROXY_PORT = env_int("TROVE_PROXY_PORT", 8001)
+# The address harnesses use to reach the proxy (may differ from where it binds, e.g. a Service name).
+TROVE_PROXY_PUBLIC_URL = env_str("TROVE_PROXY_PUBLIC_URL") or f"http://{TROVE_PROXY_HOST}:{TROVE_PROXY_PORT}"
+TROVE_DEMO_MODEL_PORT = env_int("TROVE_DEMO_MODEL_PORT", 8002)
+TROVE_ROLLOUT_HEARTBEAT_S = env_int("TROVE_ROLLOUT_HEARTBEAT_S", 10)
+TROVE_ROLLOUT_STALE_S = env_int("TROVE_ROLLOUT_STALE_S", 60)
+TROVE_ROLLOUT_MAX_ATTEMPTS = env_int("TROVE_ROLLOUT_MAX_ATTEMPTS", 3)
+TROVE_MAX_BODY_BYTES = env_int("TROVE_MAX_BODY_BYTES", 32 * 1024 * 1024)
+TROVE_MAX_STEPS_PER_TRAJECTORY = env_int("TROVE_MAX_STEPS_PER_TRAJECTORY", 20000)
+TROVE_MAX_CONTENT_CHARS = env_int("TROVE_MAX_CONTENT_CHARS", 4 * 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = TROVE_MAX_BODY_BYTES
+
+# --- REST API ---------------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "webapp.api.exception_handlers.trove_exception_handler",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.CursorPagination",
+    "PAGE_SIZE": 50,
+}
+SPECTACULAR_SETTINGS = {"TITLE": "Trove API", "VERSION": "0.1.0", "SERVE_INCLUDE_SCHEMA": False}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "WARNING")},
+    "loggers": {"trove": {"level": env_str("TROVE_LOG_LEVEL", "INFO"), "propagate": True}},
+}

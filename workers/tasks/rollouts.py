@@ -1,0 +1,48 @@
+"""Rollout tasks. `run` is idempotent (claims the rollout with a conditional update), so it may be
+redelivered: acks_late means a worker killed mid-rollout leaves the message for another worker, which
+finds the rollout running with a stale heartbeat once the reaper has taken it back."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from webapp.rollouts import services as rollout_services
+from webapp.rollouts.models import Rollout
+from workers import fleet_ops
+from workers.identity import execution_id
+from workers.rollout_runner import rollout_run
+from workers.sandboxes.base import SandboxError
+
+REQUEUE_COUNTDOWN_S = 2
+
+
+@shared_task(name="trove.rollouts.run", acks_late=True, ignore_result=True)
+def run_rollout(rollout_id: int) -> str | None:
+    status = rollout_run(rollout_id=rollout_id, worker=execution_id("rollout"))
+    if status == Rollout.Status.QUEUED:
+        run_rollout.apply_async((rollout_id,), countdown=REQUEUE_COUNTDOWN_S)
+    return status
+
+
+def enqueue_rollout(rollout_id: int) -> None:
+    run_rollout.delay(rollout_id)
+
+
+@shared_task(name="trove.rollouts.reap_stale", ignore_result=True)
+def reap_stale_rollouts() -> dict:
+    """Take back rollouts whose worker died: requeue (and re-enqueue) or mark infra_error; reap sandboxes."""
+    outcome = {"requeued": 0, "infra_error": 0}
+    for rollout in rollout_services.rollouts_stale():
+        sandbox = rollout.sandbox
+        status = rollout_services.rollout_reap(rollout=rollout)
+        if status == Rollout.Status.QUEUED:
+            outcome["requeued"] += 1
+            enqueue_rollout(rollout.pk)
+        elif status == Rollout.Status.INFRA_ERROR:
+            outcome["infra_error"] += 1
+        if sandbox is not None and status != Rollout.Status.RUNNING:
+            try:
+                fleet_ops.sandbox_terminate(sandbox=sandbox, reason=f"rollout {rollout.pk}'s worker died")
+            except SandboxError:
+                pass  # the reconciler finds it by label
+    return outcome
