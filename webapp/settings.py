@@ -153,7 +153,7 @@ CELERY_TASK_SOFT_TIME_LIMIT = env_int("TROVE_TASK_SOFT_TIME_LIMIT", 1800)
 CELERY_TASK_TIME_LIMIT = env_int("TROVE_TASK_TIME_LIMIT", 1900)
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("TROVE_VISIBILITY_TIMEOUT", 3600)}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_TASK_DEFAULT_QUEUE = "trove"
+CELERY_TASK_DEFAULT_QUEUE = env_str("TROVE_CELERY_QUEUE", "trove")
 CELERY_BEAT_SCHEDULE = {
     "fleets-reconcile": {"task": "trove.fleets.reconcile_all", "schedule": 5.0},
     "rollouts-reap-stale": {"task": "trove.rollouts.reap_stale", "schedule": 15.0},
@@ -169,6 +169,7 @@ TROVE_PROXY_PORT = env_int("TROVE_PROXY_PORT", 8001)
 # The address harnesses use to reach the proxy (may differ from where it binds, e.g. a Service name).
 TROVE_PROXY_PUBLIC_URL = env_str("TROVE_PROXY_PUBLIC_URL") or f"http://{TROVE_PROXY_HOST}:{TROVE_PROXY_PORT}"
 TROVE_DEMO_MODEL_PORT = env_int("TROVE_DEMO_MODEL_PORT", 8002)
+TROVE_DEMO_SERVE = env_str("DEMO_SERVE", "1")
 TROVE_ROLLOUT_HEARTBEAT_S = env_int("TROVE_ROLLOUT_HEARTBEAT_S", 10)
 TROVE_ROLLOUT_STALE_S = env_int("TROVE_ROLLOUT_STALE_S", 60)
 TROVE_ROLLOUT_MAX_ATTEMPTS = env_int("TROVE_ROLLOUT_MAX_ATTEMPTS", 3)

@@ -88,20 +88,22 @@ class LexicalEmbedder:
         end_of_byte: np.ndarray,
         size: int,
     ) -> None:
-        starts = np.flatnonzero(np.arange(len(data)) + size <= end_of_byte)  # n-grams inside one text
-        if not len(starts):
+        positions = len(data) - size + 1
+        if positions <= 0:
             return
-        hashes = _ngram_hash(data, starts, size)
+        inside = np.arange(positions) + size <= end_of_byte[:positions]  # n-grams within one text
+        hashes = _ngram_hash(data, positions, size)[inside]
         buckets = (hashes & np.uint32(self.dim - 1)).astype(np.int64)
         signs = np.where(hashes >> np.uint32(31), -1.0, 1.0).astype(np.float32)
-        counts += np.bincount(doc_of_byte[starts] * self.dim + buckets, weights=signs, minlength=len(counts))
+        rows = doc_of_byte[:positions][inside]
+        counts += np.bincount(rows * self.dim + buckets, weights=signs, minlength=len(counts)).astype(np.float32)
 
 
-def _ngram_hash(data: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
-    """FNV-1a over each n-gram, then murmur3's finaliser so low and high bits are both well mixed."""
-    hashes = np.full(len(starts), 2166136261 ^ size, dtype=np.uint32)
+def _ngram_hash(data: np.ndarray, positions: int, size: int) -> np.ndarray:
+    """FNV-1a of the n-gram at each position, then murmur3's finaliser so low and high bits both mix."""
+    hashes = np.full(positions, 2166136261 ^ size, dtype=np.uint32)
     for offset in range(size):
-        hashes ^= data[starts + offset].astype(np.uint32)
+        hashes ^= data[offset : offset + positions]
         hashes *= np.uint32(16777619)
     hashes ^= hashes >> np.uint32(16)
     hashes *= np.uint32(0x85EBCA6B)

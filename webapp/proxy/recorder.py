@@ -105,7 +105,7 @@ class _BatchingSink:
                 continue
             batch, markers = self._collect(first)
             if batch:
-                self._guarded(lambda: self._write(batch))
+                self._guarded(self._write, batch)
             for marker in markers:
                 if marker.stop:
                     self._guarded(self._on_stop)
@@ -130,9 +130,9 @@ class _BatchingSink:
         return batch, []
 
     @staticmethod
-    def _guarded(step: Callable[[], None]) -> None:
+    def _guarded(step: Callable[..., None], *args: Any) -> None:
         try:
-            step()
+            step(*args)
         except Exception:  # the writer thread must outlive any one failure
             log.exception("call record sink: unexpected error")
 

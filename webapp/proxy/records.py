@@ -23,6 +23,7 @@ ERROR_KINDS = (
     "malformed_stream",  # a `data:` line that is not JSON, or an error event inside the stream
     "malformed_body",  # a non-stream body that is not JSON
     "client_disconnected",  # the client went away before the answer was delivered
+    "proxy_error",  # the proxy itself failed or was shut down mid-call
 )
 
 

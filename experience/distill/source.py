@@ -1,0 +1,70 @@
+"""A run as distillation receives it: the record plus what the store knows about it.
+
+The build service streams these out of the database; everything downstream is a generator over them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from experience.records import TrajectoryRecord
+
+CURATION_REJECTED = "rejected"
+# Runs in these states say nothing about the agent: the harness or the operator ended them.
+UNUSABLE_STATUSES = ("running", "infra_error", "cancelled")
+
+
+@dataclass(frozen=True)
+class SourceRun:
+    """One stored trajectory and its store-side metadata.
+
+    `trajectory_id` is the store's id as a string. `content_hash` identifies the record's content for the
+    manifest; when empty it is computed from the record (`record_content_hash`). `curation` is the curation
+    status (`rejected` is left out unless the spec includes it; anything else is kept). `is_duplicate` is
+    the dedup mark. `task_set` and `task_key` come from the record.
+    """
+
+    trajectory_id: str
+    record: TrajectoryRecord
+    content_hash: str = ""
+    curation: str = ""
+    is_duplicate: bool = False
+
+    @property
+    def task_key(self) -> str:
+        return self.record.task_key
+
+    def resolved_hash(self) -> str:
+        return self.content_hash or record_content_hash(self.record)
+
+
+def record_content_hash(record: TrajectoryRecord) -> str:
+    """sha256 of the record's canonical JSON (sorted keys; datetimes as ISO strings)."""
+    text = json.dumps(asdict(record), sort_keys=True, separators=(",", ":"), default=_json_default)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def run_success(record: TrajectoryRecord) -> bool | None:
+    """Whether the run solved its task: `success` if recorded, else `reward > 0`, else unknown (None)."""
+    if record.success is not None:
+        return record.success
+    if record.reward is not None:
+        return record.reward > 0
+    return None
+
+
+def run_return(record: TrajectoryRecord) -> float | None:
+    """The run's return R: its reward if recorded, else 1.0 for success and 0.0 for failure."""
+    if record.reward is not None:
+        return float(record.reward)
+    success = run_success(record)
+    return None if success is None else float(success)
+
+
+def _json_default(value: Any) -> str:
+    if hasattr(value, "isoformat"):
+        return str(value.isoformat())
+    return str(value)

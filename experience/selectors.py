@@ -1,0 +1,63 @@
+"""Reading the store: trajectory lists and the step timeline, with blobs resolved on demand."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db.models import QuerySet
+
+from experience.errors import NotFound
+from experience.models import Step, Trajectory
+from experience.records import StepRecord
+from experience.services.blobs import blob_get_many
+from experience.steps import referenced_hashes, step_record_from_parts
+
+TIMELINE_PAGE = 200
+
+
+def trajectory_list(*, limit: int | None = None) -> QuerySet[Trajectory]:
+    queryset = Trajectory.objects.order_by("-id").defer("instruction", "final_diff", "metadata", "notes")
+    return queryset[:limit] if limit else queryset
+
+
+def trajectory_get(*, trajectory_id: int) -> Trajectory:
+    try:
+        return Trajectory.objects.get(pk=trajectory_id)
+    except Trajectory.DoesNotExist:
+        raise NotFound(f"trajectory {trajectory_id} does not exist") from None
+
+
+@dataclass
+class TimelineStep:
+    """One step as the replay page draws it: the row, its full content, and its place on the time axis."""
+
+    step: Step
+    record: StepRecord
+    offset_ms: float | None  # from the trajectory's first step
+    width_ms: float
+
+
+def step_records(steps: list[Step]) -> list[StepRecord]:
+    """Rebuild full StepRecords for rows, fetching every referenced blob in one query."""
+    hashes = [h for step in steps for h in referenced_hashes(step.blob_refs)]
+    blobs = blob_get_many(hashes) if hashes else {}
+    return [
+        step_record_from_parts(
+            kind=step.kind, payload=step.payload, blob_refs=step.blob_refs, blobs=blobs,
+            started_at=step.started_at, ended_at=step.ended_at, duration_ms=step.duration_ms,
+            exit_code=step.exit_code, tokens_in=step.tokens_in, tokens_out=step.tokens_out,
+            call_id=step.call_id, is_error=step.is_error,
+        )
+        for step in steps
+    ]
+
+
+def trajectory_timeline(*, trajectory: Trajectory, after_seq: int = -1, limit: int = TIMELINE_PAGE) -> list[TimelineStep]:
+    steps = list(Step.objects.filter(trajectory=trajectory, seq__gt=after_seq).order_by("seq")[:limit])
+    origin = Step.objects.filter(trajectory=trajectory, started_at__isnull=False).order_by("started_at").values_list(
+        "started_at", flat=True).first()
+    timeline = []
+    for step, record in zip(steps, step_records(steps), strict=True):
+        offset = (step.started_at - origin).total_seconds() * 1000 if (origin and step.started_at) else None
+        timeline.append(TimelineStep(step=step, record=record, offset_ms=offset, width_ms=step.duration_ms or 0.0))
+    return timeline

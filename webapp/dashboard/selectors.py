@@ -1,0 +1,46 @@
+"""What the dashboard pages read. Each selector does a fixed number of queries, whatever the data size."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from django.db.models import Count, Q
+
+from webapp.fleets.models import Fleet, Sandbox
+from webapp.rollouts.models import Rollout, RolloutJob
+
+FINISHED = list(Rollout.FINISHED)
+
+
+def fleets_overview() -> list[dict]:
+    fleets = list(Fleet.objects.select_related("template").order_by("name"))
+    counts: dict[int, dict[str, int]] = defaultdict(dict)
+    rows = Sandbox.objects.exclude(state=Sandbox.State.TERMINATED).values_list("fleet_id", "state").annotate(n=Count("id"))
+    for fleet_id, state, n in rows:
+        counts[fleet_id][state] = n
+    return [{"fleet": fleet, "states": counts[fleet.pk]} for fleet in fleets]
+
+
+def jobs_overview(*, limit: int = 20) -> list[RolloutJob]:
+    return list(
+        RolloutJob.objects.select_related("task_set", "fleet")
+        .annotate(
+            n_total=Count("rollouts"),
+            n_finished=Count("rollouts", filter=Q(rollouts__status__in=FINISHED)),
+            n_succeeded=Count("rollouts", filter=Q(rollouts__status=Rollout.Status.SUCCEEDED)),
+            n_infra=Count("rollouts", filter=Q(rollouts__status=Rollout.Status.INFRA_ERROR)),
+        )
+        .order_by("-id")[:limit]
+    )
+
+
+def job_grid(*, job: RolloutJob) -> list[dict]:
+    """Rows of the tasks x samples grid: one row per task, one cell per sample."""
+    rollouts = job.rollouts.select_related("task").order_by("task__key", "sample_index")
+    rows: dict[int, dict] = {}
+    for rollout in rollouts:
+        row = rows.setdefault(rollout.task_id, {"task": rollout.task, "cells": [], "succeeded": 0, "finished": 0})
+        row["cells"].append(rollout)
+        row["finished"] += rollout.status in FINISHED
+        row["succeeded"] += rollout.status == Rollout.Status.SUCCEEDED
+    return list(rows.values())

@@ -1,0 +1,50 @@
+"""HTML pages. Thin: a selector, a template."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404
+from django.shortcuts import render
+
+from experience.errors import NotFound
+from experience.selectors import trajectory_get, trajectory_list, trajectory_timeline
+from webapp.dashboard import selectors
+from webapp.rollouts.models import Rollout
+from webapp.rollouts.services import job_get, job_progress
+
+
+@login_required
+def overview(request):
+    return render(request, "dashboard/overview.html", {
+        "fleets": selectors.fleets_overview(),
+        "jobs": selectors.jobs_overview(),
+        "trajectories": trajectory_list(limit=20),
+    })
+
+
+@login_required
+def job_detail(request, job_id: int):
+    try:
+        job = job_get(job_id=job_id)
+    except NotFound as error:
+        raise Http404(str(error)) from None
+    return render(request, "dashboard/job.html", {
+        "job": job, "progress": job_progress(job=job), "grid": selectors.job_grid(job=job),
+    })
+
+
+@login_required
+def trajectory_detail(request, trajectory_id: int):
+    try:
+        trajectory = trajectory_get(trajectory_id=trajectory_id)
+    except NotFound as error:
+        raise Http404(str(error)) from None
+    timeline = trajectory_timeline(trajectory=trajectory)
+    span = max((t.offset_ms or 0) + t.width_ms for t in timeline) if timeline else 0
+    for item in timeline:  # positions on the time axis, in percent of the run's span
+        item.left_pct = 100 * (item.offset_ms or 0) / (span or 1)
+        item.width_pct = max(0.4, 100 * item.width_ms / (span or 1))
+    rollout = Rollout.objects.filter(trajectory=trajectory).select_related("job").first()
+    return render(request, "dashboard/trajectory.html", {
+        "trajectory": trajectory, "timeline": timeline, "span_ms": span or 1, "rollout": rollout,
+    })

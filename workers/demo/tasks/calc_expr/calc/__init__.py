@@ -1,0 +1,3 @@
+from .parser import evaluate
+
+__all__ = ["evaluate"]

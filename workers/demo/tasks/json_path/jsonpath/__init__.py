@@ -1,0 +1,3 @@
+from .lookup import exists, get, parse_path
+
+__all__ = ["exists", "get", "parse_path"]

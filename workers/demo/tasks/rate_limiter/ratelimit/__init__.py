@@ -1,0 +1,3 @@
+from .bucket import TokenBucket
+
+__all__ = ["TokenBucket"]

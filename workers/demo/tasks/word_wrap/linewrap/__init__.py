@@ -1,0 +1,4 @@
+from .justify import justify
+from .wrap import fill, wrap
+
+__all__ = ["fill", "justify", "wrap"]

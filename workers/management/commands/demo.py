@@ -1,0 +1,79 @@
+"""`manage.py demo`: seed, run a rollout job of every demo task x N samples, print a summary, serve.
+
+The demo model is an offline stand-in for a real model server; any OpenAI-compatible base URL works in
+its place (`--model-url`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+from django.db.models import Sum
+
+from webapp.rollouts.models import Rollout, RolloutJob
+from webapp.rollouts.services import job_create, job_progress
+from workers.seed import DEMO_MODEL_NAME, seed_admin, seed_demo_task_set, seed_local_fleet
+from workers.stack import start_embedded_stack
+from workers.tasks.fleets import reconcile_all
+from workers.tasks.rollouts import enqueue_rollout
+
+
+class Command(BaseCommand):
+    help = "Seed the demo, run a rollout job through the demo model, print a summary, then serve the dashboard."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--samples", type=int, default=4)
+        parser.add_argument("--max-steps", type=int, default=20)
+        parser.add_argument("--concurrency", type=int, default=2)
+        parser.add_argument("--model-url", default="", help="an OpenAI-compatible base URL instead of the demo model")
+        parser.add_argument("--model-name", default=DEMO_MODEL_NAME)
+        parser.add_argument("--serve", choices=("0", "1"), default=None,
+                            help="serve the dashboard afterwards (default: DEMO_SERVE, else 1)")
+        parser.add_argument("--addr", default="127.0.0.1:8000")
+
+    def handle(self, *args, **options):
+        call_command("migrate", verbosity=0)
+        task_set, fleet = seed_demo_task_set(), seed_local_fleet()
+        username, password = seed_admin()
+        stack = start_embedded_stack(demo_model=not options["model_url"], concurrency=options["concurrency"])
+        model_url = options["model_url"] or f"{stack.demo_model_url.rstrip('/').removesuffix('/v1')}/v1"
+        self.stdout.write(f"Proxy on {stack.proxy_url}; model {options['model_name']} at {model_url}"
+                          + (" (demo stand-in, offline)" if not options["model_url"] else ""))
+        reconcile_all()  # warm the pool before the job starts
+        started = time.monotonic()
+        job = job_create(task_set=task_set, fleet=fleet, model_base_url=model_url, model_name=options["model_name"],
+                         samples_per_task=options["samples"], max_steps=options["max_steps"],
+                         name=f"demo: {task_set.name} x {options['samples']}", enqueue=enqueue_rollout)
+        self._wait(job)
+        self._summary(job, time.monotonic() - started)
+        serve = options["serve"] if options["serve"] is not None else settings.TROVE_DEMO_SERVE
+        if str(serve) == "1":
+            self.stdout.write(self.style.SUCCESS(
+                f"Dashboard: http://{options['addr']}/  login: {username} / {password}"))
+            call_command("serve", addr=options["addr"], embedded_started=True)
+        stack.stop()
+
+    def _wait(self, job: RolloutJob) -> None:
+        last = None
+        while True:
+            job.refresh_from_db()
+            progress = job_progress(job=job)
+            line = f"  {progress['finished']}/{progress['total']} rollouts finished"
+            if line != last:
+                self.stdout.write(line)
+                last = line
+            if job.status not in (RolloutJob.Status.QUEUED, RolloutJob.Status.RUNNING):
+                return
+            time.sleep(1)
+
+    def _summary(self, job: RolloutJob, seconds: float) -> None:
+        rollouts = job.rollouts.all()
+        succeeded = rollouts.filter(status=Rollout.Status.SUCCEEDED).count()
+        infra = rollouts.filter(status=Rollout.Status.INFRA_ERROR).count()
+        steps = rollouts.aggregate(n=Sum("trajectory__n_steps"))["n"] or 0
+        self.stdout.write(self.style.SUCCESS(
+            f"Job {job.pk}: {rollouts.count()} rollouts, {succeeded} succeeded, {infra} infra errors, "
+            f"{steps} steps recorded, wall time {seconds:.1f} s"))

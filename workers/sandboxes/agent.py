@@ -1,0 +1,541 @@
+"""Trove sandbox agent: runs inside a sandbox and executes commands for the host. Stdlib only.
+
+    python3 agent.py --listen unix:/run/trove/agent.sock --secret-file /dev/stdin [--workspace /workspace]
+    python3 agent.py --listen tcp:0.0.0.0:7070            # secret from env TROVE_AGENT_SECRET (Kubernetes)
+
+Options:
+    --listen unix:PATH | tcp:HOST:PORT   where to serve the wire protocol (see workers/sandboxes/base.py)
+    --secret-file PATH                   read the per-sandbox secret from PATH (`/dev/stdin` works); without
+                                         it the secret comes from env TROVE_AGENT_SECRET, which is then removed
+                                         from the environment commands inherit
+    --workspace DIR                      commands run here; read_file/write_file are confined to it
+                                         (default: the current directory)
+    --forward tcp:127.0.0.1:PORT=unix:PATH
+                                         also accept TCP on the sandbox loopback and pipe each connection to
+                                         the Unix socket PATH (the recording proxy, for network "proxy-only")
+    --max-request-bytes N                largest accepted request line (default 64 MiB)
+
+Readiness contract: with `unix:PATH` the socket file appears (atomically, by rename) only once the agent
+accepts connections; with `tcp:` the agent prints `trove-agent ready tcp:HOST:PORT` on stdout once listening.
+
+Behaviour the host relies on:
+- One JSON request line per connection, one JSON response line back. Every request carries the secret,
+  compared in constant time; a wrong or missing one gets {"ok": false, "error": "auth"}.
+- exec runs `bash -c cmd` in a new session (so its own process group). The hard timeout and the idle
+  (no output) timeout SIGKILL that whole process group, never the agent. Background jobs of a command
+  that exits on its own are left running (a command may start a server for the next one); the agent stops
+  waiting for their output shortly after the command exits.
+- Output is capped per stream at `max_output` bytes; the bytes cut are counted in `truncated_bytes`.
+- Each connection is served by its own thread, so slow commands do not block pings or other execs.
+
+Startup time is most of a local sandbox's creation cost, so this module avoids the heavier stdlib
+imports (subprocess, argparse, hmac, base64): commands are started with os.posix_spawn.
+"""
+
+from __future__ import annotations
+
+import binascii
+import json
+import os
+import select
+import socket
+import sys
+import threading
+import time
+
+# hmac.compare_digest is this very function; importing it from here skips hashlib/OpenSSL at startup.
+from _operator import _compare_digest as compare_digest
+
+SIGKILL = 9  # the signal module pulls in enum at import; its value is fixed on Linux
+DEFAULT_MAX_REQUEST = 64 * 1024 * 1024
+MAX_FILE_READ = 64 * 1024 * 1024
+REQUEST_READ_TIMEOUT = 30.0  # a client that connects and says nothing holds a thread at most this long
+DRAIN_GRACE = 0.1  # after the command exits, how long to wait for output its background jobs still hold
+READ_CHUNK = 65536
+
+
+class RequestError(Exception):
+    """A request that gets {"ok": false, "error": code, "message": str}."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# ---------------------------------------------------------------- command line
+
+
+class Options:
+    def __init__(self) -> None:
+        self.listen = ""
+        self.secret_file = ""
+        self.workspace = ""
+        self.forward = ""
+        self.max_request = DEFAULT_MAX_REQUEST
+
+
+def parse_args(argv: list[str]) -> Options:
+    """Parse `--name value` pairs; exit with status 2 and a usage line on anything else."""
+    opts = Options()
+    names = {"--listen": "listen", "--secret-file": "secret_file", "--workspace": "workspace",
+             "--forward": "forward", "--max-request-bytes": "max_request"}
+    args = list(argv)
+    while args:
+        flag = args.pop(0)
+        if flag not in names or not args:
+            _die(f"bad argument {flag!r}; usage: agent.py --listen unix:PATH|tcp:HOST:PORT "
+                 "[--secret-file PATH] [--workspace DIR] [--forward tcp:127.0.0.1:PORT=unix:PATH]")
+        value = args.pop(0)
+        setattr(opts, names[flag], int(value) if flag == "--max-request-bytes" else value)
+    if not opts.listen:
+        _die("--listen is required")
+    return opts
+
+
+def _die(message: str) -> None:
+    sys.stderr.write(f"trove-agent: {message}\n")
+    raise SystemExit(2)
+
+
+def load_secret(secret_file: str) -> bytes:
+    """The secret from the file, else from env TROVE_AGENT_SECRET (removed so commands don't inherit it)."""
+    if secret_file:
+        with open(secret_file, "rb") as f:
+            secret = f.read().strip()
+    else:
+        secret = os.environ.pop("TROVE_AGENT_SECRET", "").strip().encode()
+    if not secret:
+        _die("no secret: pass --secret-file or set TROVE_AGENT_SECRET")
+    return secret
+
+
+# ---------------------------------------------------------------- listening
+
+
+def parse_endpoint(endpoint: str) -> tuple[int, object]:
+    """`unix:/path` -> (AF_UNIX, "/path"); `tcp:host:port` -> (AF_INET or AF_INET6, (host, port))."""
+    kind, _, rest = endpoint.partition(":")
+    if kind == "unix" and rest:
+        return socket.AF_UNIX, rest
+    if kind == "tcp":
+        host, _, port = rest.rpartition(":")
+        host = host.strip("[]")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return family, (host, int(port))
+    raise ValueError(f"bad endpoint {endpoint!r}: want unix:PATH or tcp:HOST:PORT")
+
+
+def open_listener(endpoint: str) -> socket.socket:
+    """Listen on `endpoint`. A Unix socket is bound under a temporary name and renamed into place once
+    listening, so a client that sees the file can connect."""
+    family, address = parse_endpoint(endpoint)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    if family == socket.AF_UNIX:
+        assert isinstance(address, str)
+        temporary = f"{address}.{os.getpid()}.tmp"
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        sock.bind(temporary)
+        sock.listen(128)
+        os.rename(temporary, address)
+    else:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    return sock
+
+
+def serve_forever(listener: socket.socket, handler) -> None:
+    """Accept connections and run `handler(conn)` for each on its own thread. If no thread can be started
+    (the pids limit is exhausted by a command), serve that connection inline rather than drop it."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except InterruptedError:
+            continue
+        try:
+            threading.Thread(target=handler, args=(conn,), daemon=True).start()
+        except RuntimeError:
+            handler(conn)
+
+
+# ---------------------------------------------------------------- requests
+
+
+class Agent:
+    """Answers requests for one sandbox. Thread-safe: holds no mutable state after construction."""
+
+    def __init__(self, *, secret: bytes, workspace: str, max_request: int) -> None:
+        self.secret = secret
+        self.workspace = os.path.realpath(workspace)
+        self.max_request = max_request
+
+    def handle_connection(self, conn: socket.socket) -> None:
+        """Read one request line, answer with one response line, close. Never raises."""
+        try:
+            with conn:
+                conn.settimeout(REQUEST_READ_TIMEOUT)
+                line = conn.makefile("rb").readline(self.max_request + 1)
+                conn.settimeout(None)
+                response = self.respond(line)
+                conn.sendall(json.dumps(response).encode() + b"\n")
+        except OSError:
+            pass  # the client went away; nothing to answer
+
+    def respond(self, line: bytes) -> dict:
+        try:
+            request = self.parse(line)
+            self.authenticate(request)
+            return {"ok": True, **self.dispatch(request)}
+        except RequestError as exc:
+            return {"ok": False, "error": exc.code, "message": str(exc)}
+        except Exception as exc:  # a bug or an OS failure (e.g. fork refused by the pids limit)
+            return {"ok": False, "error": "internal", "message": f"{type(exc).__name__}: {exc}"}
+
+    def parse(self, line: bytes) -> dict:
+        if len(line) > self.max_request:
+            raise RequestError("bad_request", f"request longer than {self.max_request} bytes")
+        try:
+            request = json.loads(line)
+        except ValueError as exc:
+            raise RequestError("bad_request", f"not JSON: {exc}") from None
+        if not isinstance(request, dict):
+            raise RequestError("bad_request", "request must be a JSON object")
+        return request
+
+    def authenticate(self, request: dict) -> None:
+        given = request.get("secret")
+        if not isinstance(given, str) or not compare_digest(given.encode(), self.secret):
+            raise RequestError("auth", "wrong or missing secret")
+
+    def dispatch(self, request: dict) -> dict:
+        op = request.get("op")
+        if op == "ping":
+            return {"pid": os.getpid()}
+        if op == "exec":
+            return run_command(exec_args(request, self.workspace))
+        if op == "read_file":
+            return {"content_b64": read_file(self.workspace, request.get("path"))}
+        if op == "write_file":
+            write_file(self.workspace, request.get("path"), request.get("content_b64"))
+            return {}
+        raise RequestError("bad_request", f"unknown op {op!r}")
+
+
+# ---------------------------------------------------------------- files
+
+
+def confined_path(workspace: str, path: object) -> str:
+    """The absolute path of `path` inside `workspace`. Raises RequestError("path") for absolute paths, `..`,
+    NUL bytes and anything (symlinks included) that resolves outside the workspace."""
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise RequestError("path", "path must be a non-empty string")
+    if path.startswith("/") or ".." in path.split("/"):
+        raise RequestError("path", f"{path!r} must be relative to the workspace, without '..'")
+    full = os.path.join(workspace, path)
+    resolved = os.path.realpath(full)
+    if resolved != workspace and not resolved.startswith(workspace + "/"):
+        raise RequestError("path", f"{path!r} leaves the workspace")
+    return resolved
+
+
+def read_file(workspace: str, path: object) -> str:
+    target = confined_path(workspace, path)
+    try:
+        with open(target, "rb") as f:
+            content = f.read(MAX_FILE_READ + 1)
+    except OSError as exc:
+        raise RequestError("path", f"{path!r}: {exc.strerror}") from None
+    if len(content) > MAX_FILE_READ:
+        raise RequestError("bad_request", f"{path!r} is larger than {MAX_FILE_READ} bytes")
+    return binascii.b2a_base64(content, newline=False).decode()
+
+
+def write_file(workspace: str, path: object, content_b64: object) -> None:
+    """Write (create or replace) a workspace file, creating parent directories."""
+    if not isinstance(content_b64, str):
+        raise RequestError("bad_request", "content_b64 must be a string")
+    try:
+        content = binascii.a2b_base64(content_b64)
+    except binascii.Error as exc:
+        raise RequestError("bad_request", f"content_b64: {exc}") from None
+    target = confined_path(workspace, path)
+    try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        # Re-check after creating parents: a parent could be a symlink created since confined_path ran.
+        target = confined_path(workspace, path)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with open(fd, "wb") as f:
+            f.write(content)
+    except OSError as exc:
+        raise RequestError("path", f"{path!r}: {exc.strerror}") from None
+
+
+# ---------------------------------------------------------------- exec
+
+
+class ExecArgs:
+    def __init__(self, cmd: str, timeout: float, idle_timeout: float | None, max_output: int,
+                 cwd: str | None, env: dict[str, str]) -> None:
+        self.cmd, self.timeout, self.idle_timeout = cmd, timeout, idle_timeout
+        self.max_output, self.cwd, self.env = max_output, cwd, env
+
+
+def exec_args(request: dict, workspace: str) -> ExecArgs:
+    """Validate an exec request. `cwd` is relative to the workspace (or absolute inside the sandbox)."""
+    cmd = request.get("cmd")
+    timeout = request.get("timeout", 60.0)
+    idle = request.get("idle_timeout")
+    max_output = request.get("max_output", 64 * 1024)
+    cwd = request.get("cwd")
+    env = request.get("env") or {}
+    if not isinstance(cmd, str):
+        raise RequestError("bad_request", "cmd must be a string")
+    if not _positive_number(timeout) or (idle is not None and not _positive_number(idle)):
+        raise RequestError("bad_request", "timeout and idle_timeout must be positive numbers")
+    if not isinstance(max_output, int) or isinstance(max_output, bool) or max_output < 0:
+        raise RequestError("bad_request", "max_output must be a non-negative integer")
+    if cwd is not None and not isinstance(cwd, str):
+        raise RequestError("bad_request", "cwd must be a string or null")
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise RequestError("bad_request", "env must map strings to strings")
+    full_cwd = os.path.join(workspace, cwd) if cwd else None
+    return ExecArgs(cmd, float(timeout), None if idle is None else float(idle), max_output, full_cwd,
+                    {**os.environ, **env})
+
+
+def _positive_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+
+
+def bash_argv(cmd: str, cwd: str | None) -> list[str]:
+    """posix_spawn cannot change directory, so a command with its own cwd gets a `cd` in a first bash,
+    which then execs the real `bash -c cmd` (the command sees the same $0 and arguments either way)."""
+    if cwd is None:
+        return ["bash", "-c", cmd]
+    return ["bash", "-c", 'cd -- "$1" || exit 126; exec bash -c "$2"', "bash", cwd, cmd]
+
+
+class Capture:
+    """Keeps the first `cap` bytes of a stream and counts the rest."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.data = bytearray()
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        room = self.cap - len(self.data)
+        self.data += chunk[: max(room, 0)]
+        self.dropped += max(len(chunk) - max(room, 0), 0)
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", "replace")
+
+
+def run_command(args: ExecArgs) -> dict:
+    """Run one command to completion or timeout; see the module docstring for the contract."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+               (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)]
+    started = time.monotonic()
+    try:
+        pid = os.posix_spawnp("bash", bash_argv(args.cmd, args.cwd), args.env, file_actions=actions,
+                              setsid=True)
+    except OSError:
+        os.close(out_r)
+        os.close(err_r)
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    run = CommandRun(pid, {out_r: Capture(args.max_output), err_r: Capture(args.max_output)})
+    run.wait(started, args.timeout, args.idle_timeout)
+    return run.result(started)
+
+
+class CommandRun:
+    """Waits on a spawned command's pipes and exit, enforcing the deadlines. One per exec request."""
+
+    def __init__(self, pid: int, captures: dict[int, Capture]) -> None:
+        self.pid = pid
+        self.captures = captures
+        self.stdout, self.stderr = captures.values()
+        self.exit_code: int | None = None
+        self.exited = False
+        self.timed_out = False
+        self.idle_timed_out = False
+        self.deadline = self.drain_until = float("inf")
+        self.idle_timeout: float | None = None
+        self.last_output = 0.0
+
+    def wait(self, started: float, timeout: float, idle_timeout: float | None) -> None:
+        """Collect output until the command has exited and its pipes are closed (or DRAIN_GRACE has passed
+        since the exit), killing the process group at the hard or idle deadline."""
+        pidfd = _pidfd_open(self.pid)
+        poller = select.poll()
+        for fd in self.captures:
+            poller.register(fd, select.POLLIN)
+        if pidfd is not None:
+            poller.register(pidfd, select.POLLIN)
+        open_fds = set(self.captures)
+        self.deadline = started + timeout
+        self.idle_timeout = idle_timeout
+        self.last_output = started
+        self.drain_until = float("inf")
+        try:
+            while not (self.exited and (not open_fds or time.monotonic() >= self.drain_until)):
+                self.enforce_deadlines(time.monotonic())
+                for fd, _ in poller.poll(self.poll_ms(time.monotonic(), pidfd is None)):
+                    if fd == pidfd:
+                        poller.unregister(pidfd)
+                        self.reap()
+                    elif self.read_chunk(fd):
+                        self.last_output = time.monotonic()
+                    else:
+                        poller.unregister(fd)
+                        open_fds.discard(fd)
+                if pidfd is None and not self.exited:
+                    self.reap(block=False)
+                if self.exited and self.drain_until == float("inf"):
+                    self.drain_until = time.monotonic() + DRAIN_GRACE
+        finally:
+            for fd in self.captures:
+                os.close(fd)
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def enforce_deadlines(self, now: float) -> None:
+        if self.exited or self.timed_out or self.idle_timed_out:
+            return
+        if now >= self.deadline:
+            self.kill(idle=False)
+        elif self.idle_timeout is not None and now - self.last_output >= self.idle_timeout:
+            self.kill(idle=True)
+
+    def poll_ms(self, now: float, without_pidfd: bool) -> float:
+        """How long poll() may sleep: until the next deadline. Without a pidfd (kernel older than 5.3) the
+        exit is noticed by calling waitpid every 50 ms."""
+        wake = self.drain_until
+        if not (self.exited or self.timed_out or self.idle_timed_out):
+            wake = min(wake, self.deadline)
+            if self.idle_timeout is not None:
+                wake = min(wake, self.last_output + self.idle_timeout)
+        if without_pidfd:
+            wake = min(wake, now + 0.05)
+        return max(0.0, min(wake - now, 3600.0)) * 1000
+
+    def read_chunk(self, fd: int) -> bool:
+        """Read what is available; False at end of stream."""
+        chunk = os.read(fd, READ_CHUNK)
+        if chunk:
+            self.captures[fd].add(chunk)
+        return bool(chunk)
+
+    def kill(self, *, idle: bool) -> None:
+        """SIGKILL the command's whole process group (the command ran in its own session)."""
+        self.timed_out = not idle
+        self.idle_timed_out = idle
+        try:
+            os.killpg(self.pid, SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def reap(self, *, block: bool = True) -> None:
+        pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+        if pid:
+            self.exited = True
+            self.exit_code = os.waitstatus_to_exitcode(status)
+
+    def result(self, started: float) -> dict:
+        killed = self.timed_out or self.idle_timed_out
+        return {
+            "exit_code": None if killed else self.exit_code,
+            "stdout": self.stdout.text(),
+            "stderr": self.stderr.text(),
+            "duration_ms": round((time.monotonic() - started) * 1000, 3),
+            "timed_out": self.timed_out,
+            "idle_timed_out": self.idle_timed_out,
+            "truncated_bytes": self.stdout.dropped + self.stderr.dropped,
+        }
+
+
+def _pidfd_open(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+# ---------------------------------------------------------------- proxy forwarding
+
+
+def parse_forward(spec: str) -> tuple[str, str]:
+    """`tcp:127.0.0.1:PORT=unix:PATH` -> ("tcp:127.0.0.1:PORT", "/PATH")."""
+    listen, sep, target = spec.partition("=")
+    if not sep or not listen.startswith("tcp:") or not target.startswith("unix:"):
+        raise ValueError(f"bad --forward {spec!r}: want tcp:127.0.0.1:PORT=unix:PATH")
+    return listen, target[len("unix:"):]
+
+
+def forward_connection(client: socket.socket, target_path: str) -> None:
+    """Pipe bytes both ways between `client` and a new connection to the Unix socket `target_path`."""
+    with client:
+        try:
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(target_path)
+        except OSError:
+            return
+        with upstream:
+            back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
+            back.start()
+            _pump(client, upstream)
+            back.join()
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    """Copy until end of stream, then pass the half-close on."""
+    try:
+        while chunk := source.recv(READ_CHUNK):
+            sink.sendall(chunk)
+    except OSError:
+        pass
+    try:
+        sink.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------- main
+
+
+def main(argv: list[str]) -> None:
+    opts = parse_args(argv)
+    secret = load_secret(opts.secret_file)
+    _detach_stdin()
+    workspace = opts.workspace or os.getcwd()
+    agent = Agent(secret=secret, workspace=workspace, max_request=opts.max_request)
+    if opts.forward:
+        listen, target = parse_forward(opts.forward)
+        forward_listener = open_listener(listen)
+        threading.Thread(target=serve_forever, daemon=True,
+                         args=(forward_listener, lambda conn: forward_connection(conn, target))).start()
+    listener = open_listener(opts.listen)
+    sys.stdout.write(f"trove-agent ready {opts.listen}\n")
+    sys.stdout.flush()
+    serve_forever(listener, agent.handle_connection)
+
+
+def _detach_stdin() -> None:
+    """Commands get /dev/null as stdin anyway; drop ours too (it may have carried the secret)."""
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except KeyboardInterrupt:
+        pass

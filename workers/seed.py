@@ -1,0 +1,56 @@
+"""Seeding the demo: the demo task set, a local fleet, an admin login. Idempotent (safe to run again)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from django.contrib.auth import get_user_model
+
+from webapp.fleets import services as fleet_services
+from webapp.fleets.models import EnvironmentTemplate, Fleet
+from webapp.rollouts.models import TaskSet
+from webapp.rollouts.services import taskset_upsert
+from workers.demo.tasks import load_demo_tasks
+
+DEMO_TASK_SET = "demo-python-bugfix"
+DEMO_FLEET = "local-demo"
+DEMO_TEMPLATE = "python-bubblewrap"
+DEMO_USER, DEMO_PASSWORD = "admin", "trove-demo"
+DEMO_MODEL_NAME = "trove-demo-stand-in"
+
+
+def seed_demo_task_set() -> TaskSet:
+    tasks = []
+    for task in load_demo_tasks():
+        data = asdict(task)
+        tasks.append({
+            "key": data["key"], "title": data["title"], "instruction": data["instruction"],
+            "difficulty": data["difficulty"], "eval_command": data["eval_command"],
+            "eval_timeout_s": data["eval_timeout_s"], "setup_commands": data["setup_commands"],
+            "files": data["files"],
+        })
+    return taskset_upsert(name=DEMO_TASK_SET, source="demo", tasks=tasks,
+                          description="Small real Python bug-fix tasks shipped with Trove (workers/demo/tasks).")
+
+
+def seed_local_fleet(*, name: str = DEMO_FLEET, min_warm: int = 2, max_warm: int = 8, max_total: int = 16) -> Fleet:
+    fleet = Fleet.objects.filter(name=name).first()
+    if fleet:
+        return fleet
+    template = EnvironmentTemplate.objects.filter(name=DEMO_TEMPLATE).order_by("-version").first()
+    if template is None:
+        template = fleet_services.template_create(
+            name=DEMO_TEMPLATE, cpu=1.0, memory_mb=1024, pids=256, network="none",
+            max_lifetime_s=3600, idle_timeout_s=900,
+        )
+    return fleet_services.fleet_create(name=name, template=template, backend="local",
+                                       min_warm=min_warm, max_warm=max_warm, max_total=max_total)
+
+
+def seed_admin() -> tuple[str, str]:
+    User = get_user_model()
+    user, created = User.objects.get_or_create(username=DEMO_USER, defaults={"is_staff": True, "is_superuser": True})
+    if created:
+        user.set_password(DEMO_PASSWORD)
+        user.save()
+    return DEMO_USER, DEMO_PASSWORD

@@ -1,0 +1,89 @@
+"""Starting Trove's moving parts inside one process: the embedded default, and the pieces tests need.
+
+The embedded stack is: the recording proxy (a thread with its own event loop), the Celery worker thread on
+the memory transport (only without REDIS_URL), a small beat thread that sends the periodic tasks Celery
+beat would send, and optionally the offline demo model.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from webapp.celery import app as celery_app
+
+log = logging.getLogger("trove")
+
+
+@dataclass
+class EmbeddedStack:
+    proxy_url: str
+    demo_model_url: str | None
+    stoppers: list = field(default_factory=list)
+
+    def stop(self) -> None:
+        for stop in reversed(self.stoppers):
+            try:
+                stop()
+            except Exception:  # noqa: BLE001 - best effort on shutdown, keep stopping the rest
+                log.exception("stopping part of the embedded stack failed")
+
+
+def start_proxy(*, host: str, port: int):
+    from webapp.proxy.server import serve_in_thread
+    from webapp.proxy.wiring import make_trove_proxy_app
+
+    app, sink = make_trove_proxy_app()
+    server = serve_in_thread(app, host=host, port=port)
+    return server, sink
+
+
+def start_demo_model(*, host: str = "127.0.0.1", port: int = 0):
+    from workers.demo.model import serve_in_thread
+
+    return serve_in_thread(host, port)
+
+
+def start_embedded_stack(*, worker: bool | None = None, demo_model: bool = True, beat: bool = True,
+                         proxy_port: int | None = None, concurrency: int = 2) -> EmbeddedStack:
+    worker = (settings.REDIS_URL is None) if worker is None else worker
+    server, sink = start_proxy(host=settings.TROVE_PROXY_HOST,
+                               port=settings.TROVE_PROXY_PORT if proxy_port is None else proxy_port)
+    settings.TROVE_PROXY_PUBLIC_URL = server.base_url  # the port may have been chosen by the OS
+    stack = EmbeddedStack(proxy_url=server.base_url, demo_model_url=None)
+    stack.stoppers += [server.stop, sink.close]
+    if demo_model:
+        url, stop_model = start_demo_model(port=settings.TROVE_DEMO_MODEL_PORT)
+        stack.demo_model_url = url
+        stack.stoppers.append(stop_model)
+    if worker:
+        from workers.embedded import start_embedded_worker, stop_embedded_worker
+
+        start_embedded_worker(concurrency=concurrency)
+        stack.stoppers.append(stop_embedded_worker)
+    if beat:
+        stack.stoppers.append(start_embedded_beat())
+    return stack
+
+
+def start_embedded_beat():
+    """Send each CELERY_BEAT_SCHEDULE task on its interval, as `celery beat` does on the full stack."""
+    stop = threading.Event()
+    schedule = [(entry["task"], float(entry["schedule"])) for entry in settings.CELERY_BEAT_SCHEDULE.values()]
+
+    def loop() -> None:
+        import time
+
+        next_run = {name: time.monotonic() + interval for name, interval in schedule}
+        while not stop.wait(0.5):
+            now = time.monotonic()
+            for name, interval in schedule:
+                if now >= next_run[name]:
+                    celery_app.send_task(name)
+                    next_run[name] = now + interval
+
+    threading.Thread(target=loop, name="embedded-beat", daemon=True).start()
+    return stop.set
