@@ -132,3 +132,17 @@ def _destroy_quietly(backend_kind: str, name: str) -> None:
         get_backend(backend_kind).destroy(name)
     except SandboxError as error:  # the reconciler will find it by label
         log.warning("destroy of %s after a failed create failed: %s", name, error)
+
+
+def sandboxes_terminate_all(*, backend_kind: str = "local", reason: str = "shutdown") -> int:
+    """Terminate every live sandbox on one backend (the embedded stack's exit: it owns them all)."""
+    live = Sandbox.objects.filter(fleet__backend=backend_kind).exclude(state=S.TERMINATED).select_related(
+        "fleet__template")
+    count = 0
+    for sandbox in live:
+        try:
+            sandbox_terminate(sandbox=sandbox, reason=reason)
+            count += 1
+        except SandboxError as error:
+            log.warning("terminate %s at shutdown failed: %s", sandbox.name, error)
+    return count

@@ -66,7 +66,15 @@ def start_embedded_stack(*, worker: bool | None = None, demo_model: bool = True,
         stack.stoppers.append(stop_embedded_worker)
     if beat:
         stack.stoppers.append(start_embedded_beat())
+    # Stoppers run in reverse: the beat stops first, then this drains the sandboxes the stack made.
+    stack.stoppers.insert(0, _terminate_local_sandboxes)
     return stack
+
+
+def _terminate_local_sandboxes() -> None:
+    from workers.fleet_ops import sandboxes_terminate_all
+
+    sandboxes_terminate_all(backend_kind="local", reason="embedded stack stopped")
 
 
 def start_embedded_beat():

@@ -116,6 +116,13 @@ class LoopbackCluster:
     api_port: int = 0
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
+    def user(self, name: str) -> TokenUser:
+        """The token user called `name` (e.g. the backend's ServiceAccount user name)."""
+        for candidate in [self.admin, *self.extra_users]:
+            if candidate.user == name:
+                return candidate
+        raise KeyError(name)
+
     @property
     def url(self) -> str:
         return f"https://127.0.0.1:{self.api_port}"

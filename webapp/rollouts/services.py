@@ -67,6 +67,7 @@ def job_create(
     model_name: str,
     samples_per_task: int = 1,
     enqueue: Callable[[int], None],
+    task_keys: list[str] | None = None,
     **options,
 ) -> RolloutJob:
     """Create a job and its rollouts; each rollout is enqueued (by id) only after the transaction commits."""
@@ -77,6 +78,11 @@ def job_create(
     if options.get("api_key_ref"):
         _check_secret_reference(options["api_key_ref"])
     tasks = list(task_set.tasks.all())
+    if task_keys is not None:
+        unknown = set(task_keys) - {task.key for task in tasks}
+        if unknown:
+            raise ValidationError(f"task_keys: not in {task_set.name!r}: {', '.join(sorted(unknown))}", field="task_keys")
+        tasks = [task for task in tasks if task.key in set(task_keys)]
     if not tasks:
         raise ValidationError(f"task_set: {task_set.name!r} has no tasks", field="task_set")
     with transaction.atomic():

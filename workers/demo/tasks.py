@@ -81,6 +81,10 @@ def apply_edits(files: dict[str, str], edits: list[Edit]) -> dict[str, str]:
     return out
 
 
+def revert(edit: Edit) -> Edit:
+    return Edit(path=edit.path, old=edit.new, new=edit.old)
+
+
 def write_files(root: Path, files: dict[str, str]) -> None:
     for rel, text in files.items():
         path = root / rel
@@ -156,7 +160,8 @@ def _check(task: DemoTask, directory: Path) -> None:
         raise DemoTaskError(f"{task.key}: no solution")
     apply_edits(task.files, task.solution)
     for decoy in task.decoys:
-        apply_edits(task.files, [decoy])
+        # The demo policy recovers from a decoy by reverting it and then applying the solution.
+        apply_edits(task.files, [decoy, revert(decoy), *task.solution])
 
 
 def _normalise(text: str) -> str:

@@ -28,6 +28,7 @@ class Command(BaseCommand):
         parser.add_argument("--samples", type=int, default=4)
         parser.add_argument("--max-steps", type=int, default=20)
         parser.add_argument("--concurrency", type=int, default=2)
+        parser.add_argument("--tasks", type=int, default=0, help="only the first N demo tasks (0 = all)")
         parser.add_argument("--model-url", default="", help="an OpenAI-compatible base URL instead of the demo model")
         parser.add_argument("--model-name", default=DEMO_MODEL_NAME)
         parser.add_argument("--serve", choices=("0", "1"), default=None,
@@ -39,22 +40,29 @@ class Command(BaseCommand):
         task_set, fleet = seed_demo_task_set(), seed_local_fleet()
         username, password = seed_admin()
         stack = start_embedded_stack(demo_model=not options["model_url"], concurrency=options["concurrency"])
-        model_url = options["model_url"] or f"{stack.demo_model_url.rstrip('/').removesuffix('/v1')}/v1"
-        self.stdout.write(f"Proxy on {stack.proxy_url}; model {options['model_name']} at {model_url}"
-                          + (" (demo stand-in, offline)" if not options["model_url"] else ""))
-        reconcile_all()  # warm the pool before the job starts
-        started = time.monotonic()
-        job = job_create(task_set=task_set, fleet=fleet, model_base_url=model_url, model_name=options["model_name"],
-                         samples_per_task=options["samples"], max_steps=options["max_steps"],
-                         name=f"demo: {task_set.name} x {options['samples']}", enqueue=enqueue_rollout)
-        self._wait(job)
-        self._summary(job, time.monotonic() - started)
-        serve = options["serve"] if options["serve"] is not None else settings.TROVE_DEMO_SERVE
-        if str(serve) == "1":
-            self.stdout.write(self.style.SUCCESS(
-                f"Dashboard: http://{options['addr']}/  login: {username} / {password}"))
-            call_command("serve", addr=options["addr"], embedded_started=True)
-        stack.stop()
+        try:
+            model_url = options["model_url"] or f"{stack.demo_model_url.rstrip('/').removesuffix('/v1')}/v1"
+            self.stdout.write(f"Proxy on {stack.proxy_url}; model {options['model_name']} at {model_url}"
+                              + (" (demo stand-in, offline)" if not options["model_url"] else ""))
+            reconcile_all()  # warm the pool before the job starts
+            started = time.monotonic()
+            job = job_create(task_set=task_set, fleet=fleet, model_base_url=model_url, model_name=options["model_name"],
+                             samples_per_task=options["samples"], max_steps=options["max_steps"],
+                             task_keys=self._task_keys(task_set, options["tasks"]),
+                             name=f"demo: {task_set.name} x {options['samples']}", enqueue=enqueue_rollout)
+            self._wait(job)
+            self._summary(job, time.monotonic() - started)
+            serve = options["serve"] if options["serve"] is not None else settings.TROVE_DEMO_SERVE
+            if str(serve) == "1":
+                self.stdout.write(self.style.SUCCESS(
+                    f"Dashboard: http://{options['addr']}/  login: {username} / {password}"))
+                call_command("serve", addr=options["addr"], embedded_started=True)
+        finally:
+            stack.stop()
+
+    @staticmethod
+    def _task_keys(task_set, limit: int) -> list[str] | None:
+        return list(task_set.tasks.order_by("key").values_list("key", flat=True)[:limit]) if limit else None
 
     def _wait(self, job: RolloutJob) -> None:
         last = None

@@ -18,8 +18,13 @@ class Command(BaseCommand):
         parser.add_argument("--embedded-started", action="store_true", help="internal: the caller already started the embedded stack")
 
     def handle(self, *args, addr: str, no_stack: bool = False, embedded_started: bool = False, **options):
-        if not (no_stack or embedded_started):
-            start_embedded_stack()
+        stack = None if (no_stack or embedded_started) else start_embedded_stack()
         host, _, port = addr.rpartition(":")
         self.stdout.write(f"Serving Trove on http://{host}:{port}/ (Ctrl-C to stop)")
-        run(host, int(port), get_wsgi_application(), threading=True, server_cls=WSGIServer)
+        try:
+            run(host, int(port), get_wsgi_application(), threading=True, server_cls=WSGIServer)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            if stack:
+                stack.stop()

@@ -1,0 +1,150 @@
+"""Shared fixtures. Everything here is real: Postgres (or SQLite in the embedded tests), Redis, bubblewrap,
+the demo model server, the recording proxy and Celery workers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytest_plugins = [p for p in ("tests.kube.fixtures",) if (REPO / (p.replace(".", "/") + ".py")).exists()]
+
+
+@pytest.fixture
+def sandbox_root(tmp_path_factory):
+    """A fresh sandbox root for the local backend, removed afterwards (after checking nothing is left)."""
+    root = tmp_path_factory.mktemp("sandboxes")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def local_backend(sandbox_root, settings):
+    from workers.sandboxes.local import LocalBackend
+    from workers.sandboxes.registry import set_backend
+
+    backend = LocalBackend(root=sandbox_root)
+    settings.TROVE_SANDBOX_ROOT = sandbox_root
+    set_backend("local", backend)
+    yield backend
+    for handle in backend.list({}):
+        backend.destroy(handle.name)
+    from workers.sandboxes import registry
+
+    registry._backends.pop("local", None)
+
+
+@pytest.fixture(scope="session")
+def demo_model_url():
+    from workers.demo.model import serve_in_thread
+
+    url, stop = serve_in_thread("127.0.0.1", 0)
+    yield url.rstrip("/").removesuffix("/v1") + "/v1"
+    stop()
+
+
+@pytest.fixture
+def proxy(transactional_db, settings):
+    """The recording proxy, wired to the test database, in a thread of this process."""
+    from webapp.proxy.server import serve_in_thread
+    from webapp.proxy.wiring import make_trove_proxy_app
+
+    app, sink = make_trove_proxy_app()
+    server = serve_in_thread(app, host="127.0.0.1", port=0)
+    settings.TROVE_PROXY_PUBLIC_URL = server.base_url
+    yield server
+    sink.close()
+    server.stop()
+
+
+@pytest.fixture
+def demo_fleet(transactional_db):
+    from workers.seed import seed_local_fleet
+
+    return seed_local_fleet(name=f"test-{uuid.uuid4().hex[:6]}", min_warm=0, max_warm=4, max_total=8)
+
+
+@pytest.fixture
+def demo_task_set(transactional_db):
+    from workers.seed import seed_demo_task_set
+
+    return seed_demo_task_set()
+
+
+def _database_url_for_subprocess() -> str:
+    db = settings.DATABASES["default"]
+    return f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+@pytest.fixture
+def celery_worker_process(transactional_db, proxy, sandbox_root, tmp_path):
+    """A real `celery worker` process on Redis, using this test's database, proxy and sandbox root.
+
+    A unique queue keeps it from taking tasks of other test runs sharing the same Redis.
+    """
+    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql" or not settings.REDIS_URL:
+        pytest.fail("the full-stack tests need DATABASE_URL (Postgres) and REDIS_URL: run them with `make test`")
+    queue = f"trove-test-{uuid.uuid4().hex[:8]}"
+    env = dict(
+        os.environ,
+        DATABASE_URL=_database_url_for_subprocess(),
+        REDIS_URL=settings.REDIS_URL,
+        TROVE_CELERY_QUEUE=queue,
+        TROVE_PROXY_PUBLIC_URL=settings.TROVE_PROXY_PUBLIC_URL,
+        TROVE_SANDBOX_ROOT=str(sandbox_root),
+        SECRET_KEY="trove-test-secret",
+    )
+    log_path = tmp_path / "worker.log"
+    log = open(log_path, "wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-P", "threads", "-c", "2", "-Q", queue,
+         "--without-heartbeat", "--without-mingle", "--without-gossip", "-n", f"{queue}@%h", "-l", "INFO"],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    settings.CELERY_TASK_DEFAULT_QUEUE = queue
+    from webapp.celery import app
+
+    app.conf.task_default_queue = queue
+    _wait_for_worker(app, queue, process, log_path)
+    yield process
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
+    app.conf.task_default_queue = "trove"
+
+
+def _wait_for_worker(app, queue: str, process, log_path: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"celery worker exited: {log_path.read_text()[-3000:]}")
+        if b"ready." in log_path.read_bytes():
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"celery worker did not become ready: {log_path.read_text()[-3000:]}")
+
+
+@pytest.fixture
+def embedded_worker(transactional_db, settings):
+    """The in-process worker thread on the memory transport (the embedded default's worker)."""
+    from webapp.celery import app
+    from workers.embedded import start_embedded_worker, stop_embedded_worker
+
+    previous = app.conf.broker_url
+    app.conf.broker_url = "memory://"
+    start_embedded_worker(concurrency=2)
+    yield
+    stop_embedded_worker()
+    app.conf.broker_url = previous

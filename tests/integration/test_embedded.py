@@ -1,0 +1,38 @@
+"""The same pipeline in the embedded default: no DATABASE_URL (SQLite under var/), no REDIS_URL (the
+in-process worker on the memory transport). Run as `manage.py demo` in a subprocess, as a newcomer would."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
+
+
+def test_the_demo_job_runs_in_the_embedded_default(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")}
+    env.update(TROVE_VAR_DIR=str(tmp_path / "var"), DEMO_SERVE="0", TROVE_PROXY_PORT="0",
+               TROVE_DEMO_MODEL_PORT="0", DJANGO_SETTINGS_MODULE="webapp.settings")
+    result = subprocess.run(
+        [sys.executable, "manage.py", "demo", "--samples", "2", "--tasks", "3"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "6 rollouts" in result.stdout and "demo stand-in" in result.stdout
+
+    database = sqlite3.connect(tmp_path / "var" / "trove.sqlite3")
+    statuses = [row[0] for row in database.execute("select status from rollouts_rollout")]
+    assert len(statuses) == 6 and set(statuses) <= {"succeeded", "failed"}
+    kinds = {row[0] for row in database.execute("select distinct kind from experience_step")}
+    assert {"model_call", "command", "eval"} <= kinds
+    rewards = [row[0] for row in database.execute("select reward from experience_trajectory")]
+    assert len(rewards) == 6 and all(r in (0.0, 1.0) for r in rewards)
+    live = database.execute("select count(*) from fleets_sandbox where state != 'terminated'").fetchone()[0]
+    assert live == 0
+    assert list((tmp_path / "var" / "sandboxes").iterdir()) == []
