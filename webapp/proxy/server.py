@@ -109,6 +109,7 @@ def serve_in_thread(
             loop.run_forever()
         finally:
             loop.run_until_complete(runner.cleanup())
+            _cancel_leftover_tasks(loop)
             loop.close()
 
     thread = threading.Thread(target=main, name="trove-proxy", daemon=True)
@@ -141,3 +142,14 @@ async def _start(runner: web.AppRunner, host: str, port: int | None, unix_path: 
         await runner.cleanup()
         raise
     return bound_port
+
+
+def _cancel_leftover_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    # Handlers still running after the shutdown grace (a hung upstream call) are cancelled and awaited,
+    # so closing the loop leaves no pending task behind.
+    tasks = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())

@@ -80,7 +80,7 @@ class CgroupManager:
                     _make_fresh(path)
                     made.append(path)
                 _write_limit(path, home, limits)
-        except OSError as exc:
+        except (OSError, CgroupError) as exc:
             kill_and_remove(made)
             raise CgroupError(f"cgroup for {name}: {exc}") from exc
         return made

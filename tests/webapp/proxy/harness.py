@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 import redis
 from aiohttp import web
+from multidict import CIMultiDict
 
 from webapp.proxy.app import CALL_ID_HEADER, Target, make_proxy_app
 from webapp.proxy.recorder import InProcessSink
@@ -43,7 +44,7 @@ OK_BODY = {
 
 
 def _sse(payload: dict[str, Any] | str) -> bytes:
-    data = payload if isinstance(payload, str) else json.dumps(payload)
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
     return f"data: {data}\n\n".encode()
 
 
@@ -249,7 +250,7 @@ def harness(upstream: UpstreamState) -> Iterator[ProxyHarness]:
 @dataclass
 class Reply:
     status: int
-    headers: dict[str, str]
+    headers: CIMultiDict[str]
     body: bytes
     chunks: list[bytes]
     broken: bool  # the body ended without its proper end (connection dropped)
@@ -286,7 +287,7 @@ def send(
                         chunks.append(chunk)
                 except aiohttp.ClientPayloadError:
                     broken = True
-                return Reply(response.status, dict(response.headers), b"".join(chunks), chunks, broken)
+                return Reply(response.status, CIMultiDict(response.headers), b"".join(chunks), chunks, broken)
 
     return asyncio.run(go())
 
