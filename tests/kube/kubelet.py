@@ -230,10 +230,15 @@ class TestKubelet:
             try:
                 for event in w.stream(self._list, resource_version=resource_version, timeout_seconds=1,
                                       allow_watch_bookmarks=True):
+                    kind, raw = event["type"], event.get("raw_object") or {}
+                    if kind == "ERROR":  # e.g. 410 Gone inside the stream: relist
+                        return
+                    if kind == "BOOKMARK":
+                        resource_version = raw.get("metadata", {}).get("resourceVersion", resource_version)
+                        continue
                     obj = event["object"]
                     resource_version = obj.metadata.resource_version
-                    if event["type"] != "BOOKMARK":
-                        self._on_event(event["type"], obj)
+                    self._on_event(kind, obj)
                     if self._stop.is_set():
                         return
             except k8s.ApiException as exc:

@@ -585,8 +585,11 @@ class KubernetesBackend(SandboxBackend):
                     resource_version=resource_version, timeout_seconds=max(1, int(remaining + 0.999)),
                     _request_timeout=remaining + 10, **listing_kw,
                 ):
-                    if event["type"] == "ERROR":
-                        break
+                    if event["type"] == "ERROR":  # a Status in the stream, e.g. 410 Gone: handled below
+                        status = event.get("raw_object") or {}
+                        raise k8s.ApiException(status=status.get("code", 500), reason=status.get("reason", ""))
+                    if event["type"] == "BOOKMARK":
+                        continue
                     pod = event["object"]
                     resource_version = pod.metadata.resource_version
                     yield event["type"], pod
