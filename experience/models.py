@@ -69,8 +69,12 @@ class Trajectory(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     next_seq = models.PositiveIntegerField(default=0, help_text="next step number to hand out")
-    # dedup
-    content_hash = models.CharField(max_length=64, blank=True, db_index=True)
+    # dedup: duplicates are marked with their cluster and canonical run, never deleted
+    content_hash = models.CharField(max_length=64, blank=True, db_index=True, help_text="exact-dedup hash")
+    cluster = models.ForeignKey("DedupCluster", null=True, blank=True, on_delete=models.SET_NULL, related_name="members")
+    canonical = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="duplicates")
+    is_duplicate = models.BooleanField(default=False, db_index=True)
+    similarity = models.FloatField(null=True, blank=True, help_text="cosine similarity to the canonical run")
     # curation
     curation_status = models.CharField(
         max_length=16, choices=Curation.choices, default=Curation.PENDING, db_index=True
@@ -147,3 +151,101 @@ class CurationEvent(models.Model):
 
     class Meta:
         ordering = ["-id"]
+
+
+class DedupCluster(models.Model):
+    """A group of runs that are exact or near duplicates of each other; one of them is canonical."""
+
+    class Method(models.TextChoices):
+        EXACT = "exact"
+        NEAR = "near"
+        MANUAL = "manual"
+
+    task_key = models.CharField(max_length=300, db_index=True)
+    method = models.CharField(max_length=8, choices=Method.choices)
+    canonical = models.ForeignKey(Trajectory, null=True, on_delete=models.SET_NULL, related_name="+")
+    size = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+
+class TrajectoryEmbedding(models.Model):
+    """The dedup signature's embedding, stored in the database; the FAISS index is a rebuildable cache of
+    these rows (ids above its high-water mark are added incrementally)."""
+
+    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="embeddings")
+    embedder = models.CharField(max_length=64)
+    dim = models.PositiveIntegerField()
+    vector = models.BinaryField(help_text="float32, L2-normalised")
+    signature_sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["trajectory", "embedder"], name="embedding_unique_per_embedder"),
+        ]
+
+
+class Label(models.Model):
+    """A label on a run or one of its steps: process-rubric detectors, curators, value models."""
+
+    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="labels")
+    step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.CASCADE, related_name="labels")
+    name = models.CharField(max_length=100)
+    value = models.JSONField()
+    source = models.CharField(max_length=32, default="rubric", help_text="rubric | human | model")
+    version = models.CharField(max_length=32, default="1")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["trajectory", "name"])]
+
+
+class Dataset(models.Model):
+    """A spec (filters, kind, options); each build is an immutable DatasetVersion."""
+
+    class Kind(models.TextChoices):
+        VALUE = "value"
+        OUTCOME = "outcome"
+        PAIRWISE = "pairwise"
+        SFT = "sft"
+
+    name = models.CharField(max_length=200, unique=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    filters = models.JSONField(default=dict, blank=True)
+    options = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class DatasetVersion(models.Model):
+    class Status(models.TextChoices):
+        BUILDING = "building"
+        READY = "ready"
+        FAILED = "failed"
+
+    dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="versions")
+    version = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.BUILDING)
+    spec = models.JSONField(default=dict, help_text="the dataset spec frozen at build time")
+    manifest = models.JSONField(default=dict, blank=True)
+    content_hash = models.CharField(max_length=64, blank=True)
+    row_count = models.PositiveBigIntegerField(default=0)
+    files = models.JSONField(default=dict, blank=True, help_text="format -> path under TROVE_DATASET_DIR")
+    error = models.TextField(blank=True)
+    metrics = models.JSONField(default=dict, blank=True, help_text="baseline value model results")
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["dataset", "version"], name="dataset_version_unique")]
+        ordering = ["dataset_id", "-version"]
+
+    def __str__(self) -> str:
+        return f"{self.dataset.name} v{self.version}"

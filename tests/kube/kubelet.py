@@ -9,6 +9,8 @@ It plays the two missing control-plane parts for one Node:
 What "running a container" means here, so the pod spec alone decides what runs:
 - each pod gets its own loopback pod IP (127.B.x.y, B random per kubelet so parallel runs do not collide);
   "0.0.0.0" in the container's command/args (listen on all of the pod's interfaces) becomes that IP;
+- the process runs as the securityContext's runAsUser/runAsGroup with fsGroup as a supplementary group
+  when the kubelet runs as root (a runAsNonRoot pod without a uid fails as CreateContainerConfigError);
 - emptyDir and secret volumes become per-pod host directories; container paths under a volume mount, or
   under a path of the "image" given in `image_files` (e.g. /opt/trove -> the repo's workers/sandboxes),
   are rewritten to the host path; `python3` runs as this interpreter;
@@ -57,6 +59,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # What the sandbox image holds, for this kubelet: the agent at /opt/trove/agent.py (see deploy/README.md).
 DEFAULT_IMAGE_FILES = {"/opt/trove": REPO_ROOT / "workers" / "sandboxes"}
 DEFAULT_CAPACITY = {"cpu": "64", "memory": "256Gi", "pods": "1000", "ephemeral-storage": "1Ti"}
+# The agent is stdlib-only; the system interpreter is reachable by any uid (a pyenv one under /root is not).
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+AS_ROOT = os.geteuid() == 0
 READINESS_TIMEOUT = 30.0
 SECRET_WAIT = 20.0
 
@@ -347,13 +352,19 @@ class TestKubelet:
         env = self._container_env(run, pod, container, mounts)
         if env is None:
             return
+        identity = _identity(pod, container)
+        if identity.non_root_required and not identity.uid:
+            self._patch_status(run.namespace, run.name, {"containerStatuses": [self._container_status(
+                container, ready=False, state={"waiting": {"reason": "CreateContainerConfigError",
+                                                           "message": "container has runAsNonRoot and image will run as root"}})]})
+            return
         argv = [self._host_arg(a, run, mounts) for a in [*(container.command or []), *(container.args or [])]]
         if argv and argv[0] in ("python", "python3"):
-            argv[0] = sys.executable
+            argv[0] = PYTHON
         cwd = self._host_path(container.working_dir, mounts) if container.working_dir else str(run.dir)
         out = open(run.dir / "container.log", "wb")  # noqa: SIM115 - the child owns it
         run.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True, **identity.popen_kwargs())
         out.close()
         ready = self._probe(run, container)
         if run.deleting or self._stop.is_set():
@@ -375,10 +386,17 @@ class TestKubelet:
             time.sleep(0.2)
 
     def _prepare_volumes(self, run: PodRun, pod: k8s.V1Pod, container: k8s.V1Container) -> dict[str, Path] | None:
+        """emptyDir: a world-writable directory, as the kubelet makes it. secret: files root-owned with the
+        pod's fsGroup as group and `defaultMode` bits (when we are root to set them; else owned by us)."""
+        identity = _identity(pod, container)
+        for parent in (self.workdir, run.dir):
+            parent.chmod(0o755)
         host_dirs: dict[str, Path] = {}
         for volume in pod.spec.volumes or []:
             path = run.dir / "volumes" / volume.name
             path.mkdir(parents=True, exist_ok=True)
+            (run.dir / "volumes").chmod(0o755)
+            path.chmod(0o755 if volume.secret is not None else 0o777)
             if volume.secret is not None:
                 data = self._wait_secret(run, container, pod.metadata.namespace, volume.secret.secret_name)
                 if data is None:
@@ -387,8 +405,11 @@ class TestKubelet:
                 for key, value in data.items():
                     target = path / key
                     target.write_bytes(base64.b64decode(value))
-                    # The process runs as our uid, so the owner bits are what the pod's fsGroup would grant.
-                    target.chmod((mode | (mode >> 3 & 0o700)) & 0o700 or 0o400)
+                    if AS_ROOT:
+                        os.chown(target, 0, identity.fs_group if identity.fs_group is not None else 0)
+                        target.chmod(mode)
+                    else:  # the process runs as our uid: the owner bits stand in for the group's
+                        target.chmod(((mode | (mode >> 3)) & 0o700) or 0o400)
             host_dirs[volume.name] = path
         return {m.mount_path.rstrip("/") or "/": host_dirs[m.name] for m in container.volume_mounts or []
                 if m.name in host_dirs}
@@ -551,6 +572,35 @@ class TestKubelet:
         except k8s.ApiException as exc:
             if exc.status != 404:  # deleted while we were reporting on it
                 self.errors.append(f"status {namespace}/{name}: {exc.status} {exc.reason}")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who the container runs as, from the pod and container securityContext (container wins)."""
+
+    uid: int | None
+    gid: int | None
+    fs_group: int | None
+    non_root_required: bool
+
+    def popen_kwargs(self) -> dict[str, Any]:
+        # Only root can switch users; otherwise the process runs as us, which is as close as we get.
+        if not AS_ROOT or self.uid is None:
+            return {}
+        groups = [self.fs_group] if self.fs_group is not None else []
+        return {"user": self.uid, "group": self.gid if self.gid is not None else self.uid, "extra_groups": groups}
+
+
+def _identity(pod: k8s.V1Pod, container: k8s.V1Container) -> Identity:
+    psc = pod.spec.security_context or k8s.V1PodSecurityContext()
+    csc = container.security_context or k8s.V1SecurityContext()
+
+    def pick(name: str) -> Any:
+        value = getattr(csc, name, None)
+        return value if value is not None else getattr(psc, name, None)
+
+    return Identity(uid=pick("run_as_user"), gid=pick("run_as_group"), fs_group=psc.fs_group,
+                    non_root_required=bool(pick("run_as_non_root")))
 
 
 def _unpullable(image: str | None) -> bool:

@@ -1,108 +1,130 @@
-"""Host side of the agent wire protocol (see base.py): one request per connection, JSON lines.
+"""Client side of the in-sandbox agent wire protocol (see `workers/sandboxes/base.py`).
 
-Shared by every backend: the local one reaches the agent at `unix:/path/agent.sock`, the Kubernetes one at
-`tcp:POD_IP:PORT`. `AgentClient(endpoint, secret)` is all a backend needs to implement exec and file access.
+One request per connection, one JSON line each way, to `unix:/path/agent.sock` or `tcp:HOST:PORT`.
+Shared by the backends: they differ in how a sandbox is made, not in how its agent is spoken to.
+Errors say whether a retry can help: a refused or dropped connection is `AgentUnavailable` (transient),
+a wrong secret is `AgentAuthError`, a bad path or request is a permanent `SandboxError`.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
 import socket
+import time
 from typing import Any
 
 from workers.sandboxes.base import AgentAuthError, AgentUnavailable, ExecResult, SandboxError
 
-UNIX_PATH_MAX = 107  # sun_path holds 108 bytes including the terminating NUL
-RESPONSE_GRACE = 10.0  # how much longer than the command's own timeout to wait for the agent's answer
-# Error codes that no retry can fix: the request itself is wrong.
-PERMANENT_CODES = {"bad_request", "path"}
+# How long past the command's own timeout we wait for the agent's answer: the agent needs a moment to
+# kill the process group and send what was captured.
+REPLY_MARGIN = 15.0
+MAX_REPLY_BYTES = 64 * 1024 * 1024
 
 
 class AgentClient:
-    """Talks to one sandbox's agent. Stateless apart from the address and secret; thread-safe."""
-
-    def __init__(self, endpoint: str, secret: str) -> None:
+    def __init__(self, endpoint: str, secret: str, *, connect_timeout: float = 5.0) -> None:
         self.endpoint = endpoint
         self.secret = secret
+        self.connect_timeout = connect_timeout
 
     def ping(self, *, timeout: float = 5.0) -> int:
-        """The agent's pid. Raises AgentUnavailable if it does not answer."""
-        return int(self.call({"op": "ping"}, timeout=timeout)["pid"])
+        return int(self.call("ping", {}, wait=timeout).get("pid", 0))
 
-    def exec(self, cmd: str, *, timeout: float = 60.0, idle_timeout: float | None = None,
-             max_output: int = 64 * 1024, cwd: str | None = None,
-             env: dict[str, str] | None = None) -> ExecResult:
-        request = {"op": "exec", "cmd": cmd, "timeout": timeout, "idle_timeout": idle_timeout,
-                   "max_output": max_output, "cwd": cwd, "env": env}
-        response = self.call(request, timeout=timeout + RESPONSE_GRACE)
+    def exec(
+        self,
+        cmd: str,
+        *,
+        timeout: float = 60.0,
+        idle_timeout: float | None = None,
+        max_output: int = 64 * 1024,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        fields = {"cmd": cmd, "timeout": timeout, "idle_timeout": idle_timeout, "max_output": max_output,
+                  "cwd": cwd, "env": env}
+        # The agent enforces `timeout`; waiting a margin longer only guards against a hung agent.
+        reply = self.call("exec", fields, wait=timeout + REPLY_MARGIN)
         return ExecResult(
-            exit_code=response["exit_code"], stdout=response["stdout"], stderr=response["stderr"],
-            duration_ms=response["duration_ms"], timed_out=response["timed_out"],
-            idle_timed_out=response["idle_timed_out"], truncated_bytes=response["truncated_bytes"],
+            exit_code=reply.get("exit_code"),
+            stdout=reply.get("stdout", ""),
+            stderr=reply.get("stderr", ""),
+            duration_ms=float(reply.get("duration_ms", 0.0)),
+            timed_out=bool(reply.get("timed_out", False)),
+            idle_timed_out=bool(reply.get("idle_timed_out", False)),
+            truncated_bytes=int(reply.get("truncated_bytes", 0)),
         )
 
-    def read_file(self, path: str, *, timeout: float = 60.0) -> bytes:
-        response = self.call({"op": "read_file", "path": path}, timeout=timeout)
-        return base64.b64decode(response["content_b64"])
+    def read_file(self, path: str, *, timeout: float = 30.0) -> bytes:
+        return base64.b64decode(self.call("read_file", {"path": path}, wait=timeout)["content_b64"])
 
-    def write_file(self, path: str, content: bytes, *, timeout: float = 60.0) -> None:
-        content_b64 = base64.b64encode(content).decode()
-        self.call({"op": "write_file", "path": path, "content_b64": content_b64}, timeout=timeout)
+    def write_file(self, path: str, content: bytes, *, timeout: float = 30.0) -> None:
+        self.call("write_file", {"path": path, "content_b64": base64.b64encode(content).decode()}, wait=timeout)
 
-    def call(self, request: dict[str, Any], *, timeout: float) -> dict[str, Any]:
-        """Send one request and return the successful response. Raises AgentUnavailable (no connection or
-        no answer: transient), AgentAuthError, or SandboxError with `reason` = the agent's error code."""
-        line = json.dumps({**request, "secret": self.secret}).encode() + b"\n"
+    def call(self, op: str, fields: dict[str, Any], *, wait: float) -> dict[str, Any]:
+        """Send one request and return the agent's reply (`ok` true), or raise a typed error.
+        `wait` bounds each socket operation of the exchange."""
+        request = {"op": op, "secret": self.secret, **fields}
+        started = time.monotonic()
         try:
-            with connect(self.endpoint, timeout=timeout) as sock:
-                sock.sendall(line)
-                raw = sock.makefile("rb").readline()
-        except OSError as exc:
-            raise AgentUnavailable(f"agent at {self.endpoint}: {exc}", reason="unreachable") from exc
-        if not raw:
-            raise AgentUnavailable(f"agent at {self.endpoint} closed the connection without answering",
-                                   reason="no_answer")
-        return _checked(json.loads(raw))
+            with self._connect() as sock:
+                sock.settimeout(max(wait, 0.1))
+                sock.sendall(json.dumps(request).encode() + b"\n")
+                line = _read_line(sock)
+        except (ConnectionError, TimeoutError, OSError) as exc:
+            elapsed = time.monotonic() - started
+            raise AgentUnavailable(
+                f"agent at {self.endpoint} did not answer {op} ({exc.__class__.__name__}: {exc}; {elapsed:.1f}s)",
+                reason="agent_unavailable",
+            ) from exc
+        return _check(op, line)
+
+    def _connect(self) -> socket.socket:
+        kind, _, address = self.endpoint.partition(":")
+        if kind == "unix":
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self.connect_timeout)
+            try:
+                sock.connect(address)
+            except BaseException:
+                sock.close()
+                raise
+            return sock
+        if kind == "tcp":
+            host, _, port = address.rpartition(":")
+            return socket.create_connection((host.strip("[]"), int(port)), timeout=self.connect_timeout)
+        raise SandboxError(f"unsupported agent endpoint {self.endpoint!r}", reason="bad_endpoint", permanent=True)
 
 
-def connect(endpoint: str, *, timeout: float) -> socket.socket:
-    """A connected socket to `unix:/path` or `tcp:host:port`, with `timeout` on every operation."""
-    kind, _, address = endpoint.partition(":")
-    if kind == "unix":
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        try:
-            _connect_unix(sock, address)
-        except BaseException:
-            sock.close()
-            raise
-        return sock
-    if kind == "tcp":
-        host, _, port = address.rpartition(":")
-        return socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
-    raise ValueError(f"bad agent endpoint {endpoint!r}")
+def _read_line(sock: socket.socket) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("agent closed the connection before replying")
+        newline = chunk.find(b"\n")
+        if newline >= 0:
+            chunks.append(chunk[:newline])
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_REPLY_BYTES:
+            raise ConnectionError(f"agent reply longer than {MAX_REPLY_BYTES} bytes")
 
 
-def _connect_unix(sock: socket.socket, path: str) -> None:
-    """Connect, working around the 107-byte limit on socket paths: a longer path is reached through an
-    O_PATH descriptor of its directory (/proc/self/fd/N/name)."""
-    if len(os.fsencode(path)) <= UNIX_PATH_MAX:
-        sock.connect(path)
-        return
-    dir_fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
+def _check(op: str, line: bytes) -> dict[str, Any]:
     try:
-        sock.connect(f"/proc/self/fd/{dir_fd}/{os.path.basename(path)}")
-    finally:
-        os.close(dir_fd)
-
-
-def _checked(response: dict[str, Any]) -> dict[str, Any]:
-    if response.get("ok"):
-        return response
-    code = str(response.get("error", "internal"))
-    message = str(response.get("message", ""))
+        reply = json.loads(line)
+    except ValueError as exc:
+        raise AgentUnavailable(f"agent sent a malformed {op} reply", reason="agent_protocol") from exc
+    if not isinstance(reply, dict):
+        raise AgentUnavailable(f"agent sent a malformed {op} reply", reason="agent_protocol")
+    if reply.get("ok"):
+        return reply
+    code, message = str(reply.get("error", "internal")), str(reply.get("message", ""))
     if code == "auth":
-        raise AgentAuthError(f"agent refused the secret: {message}", reason="auth")
-    raise SandboxError(f"agent error {code}: {message}", reason=code, permanent=code in PERMANENT_CODES)
+        raise AgentAuthError(f"agent refused the secret: {message}", reason="agent_auth")
+    # A bad path or request will fail the same way again; an internal error might not.
+    raise SandboxError(f"agent {op} failed ({code}): {message}", reason=f"agent_{code}",
+                       permanent=code in ("path", "bad_request"))

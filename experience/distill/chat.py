@@ -1,0 +1,195 @@
+"""A run as OpenAI chat messages, and cutting a context down to a token budget.
+
+Where a model call recorded its request, that request is the context verbatim: it is exactly what the
+model saw. Otherwise the conversation is rebuilt from the steps: message steps as they were, each
+decision's reply (or, with no model call, the command itself) as an assistant message, and each action's
+output as a user message (or a `tool` message answering a tool call with an id). Evals, file changes,
+sandbox events and notes were never shown to the agent and are left out.
+
+Every rebuilt message is tagged with the decision it belongs to (None for messages before the first
+decision), so SFT can weight the assistant turns of each decision.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from experience.distill.decisions import Decision, decision_at, model_tool_calls
+from experience.records import StepRecord, TrajectoryRecord
+
+Message = dict[str, Any]
+CHARS_PER_TOKEN = 4
+_TASK_PROBE_CHARS = 200
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One rebuilt message, the step it came from and the decision it belongs to."""
+
+    step_index: int
+    message: Message
+    decision: int | None
+
+
+def rebuild_conversation(record: TrajectoryRecord, decisions: list[Decision]) -> list[Entry]:
+    """The run as tagged chat messages, from its steps. Starts with the task as a user message when no
+    message step carries it."""
+    entries: list[Entry] = []
+    for index, step in enumerate(record.steps):
+        decision = decision_at(decisions, index)
+        entries.extend(_step_entries(record, index, step, decision))
+    if record.instruction and not _carries_task(entries, record.instruction):
+        entries.insert(0, Entry(-1, {"role": "user", "content": record.instruction}, None))
+    return entries
+
+
+def _step_entries(
+    record: TrajectoryRecord, index: int, step: StepRecord, decision: Decision | None
+) -> list[Entry]:
+    t = decision.t if decision else None
+    if step.kind == "message":
+        role = str(step.payload.get("role") or "user")
+        return [Entry(index, {"role": role, "content": step.text}, None)]
+    if step.kind == "model_call" and decision is not None:
+        return [Entry(index, reply_message(step), t)]
+    if step.kind in ("command", "tool_call") and decision is not None:
+        entries = [] if decision.model_call is not None else [Entry(index, action_message(step), t)]
+        return entries + [Entry(index, message, t) for message in _output_messages(record, index, step)]
+    if step.kind == "observation" and not _is_consumed_observation(record, index):
+        return [Entry(index, {"role": "user", "content": step.text}, None)]
+    return []
+
+
+def reply_message(step: StepRecord) -> Message:
+    """The assistant message a model call returned."""
+    message: Message = {"role": "assistant", "content": step.response_text or ""}
+    calls = model_tool_calls(step)
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def action_message(step: StepRecord) -> Message:
+    """An action step written as the assistant message that would have issued it."""
+    if step.tool_calls:
+        return {"role": "assistant", "content": step.command or "", "tool_calls": step.tool_calls}
+    return {"role": "assistant", "content": step.command or step.text}
+
+
+def decision_message(record: TrajectoryRecord, decision: Decision) -> Message:
+    """The action taken at a decision, as an assistant message."""
+    if decision.model_call is not None:
+        return reply_message(record.steps[decision.model_call])
+    return action_message(record.steps[decision.actions[0]])
+
+
+def _output_messages(record: TrajectoryRecord, index: int, step: StepRecord) -> list[Message]:
+    output = step.output
+    if output is None and _next_is_observation(record, index):
+        output = record.steps[index + 1].text
+    if output is None:
+        return []
+    call_ids = [call.get("id") for call in step.tool_calls or [] if call.get("id")]
+    if call_ids:
+        return [{"role": "tool", "tool_call_id": call_ids[0], "content": output}]
+    return [{"role": "user", "content": output}]
+
+
+def _next_is_observation(record: TrajectoryRecord, index: int) -> bool:
+    return index + 1 < len(record.steps) and record.steps[index + 1].kind == "observation"
+
+
+def _is_consumed_observation(record: TrajectoryRecord, index: int) -> bool:
+    """An observation that is the output of the action step right before it (already emitted)."""
+    if index == 0:
+        return False
+    previous = record.steps[index - 1]
+    return previous.kind in ("command", "tool_call") and previous.output is None
+
+
+def _carries_task(entries: list[Entry], instruction: str) -> bool:
+    return task_index([entry.message for entry in entries], instruction, strict=True) is not None
+
+
+# --- token budget --------------------------------------------------------------------------------------
+
+
+def message_chars(message: Message) -> int:
+    chars = len(str(message.get("content") or ""))
+    if message.get("tool_calls"):
+        chars += len(json.dumps(message["tool_calls"], sort_keys=True))
+    return chars
+
+
+def token_counts(messages: Sequence[Message], known_total: int | None = None) -> list[int]:
+    """Estimated tokens per message: characters / 4, or, when the model call recorded its prompt token
+    count, that count shared out in proportion to characters."""
+    chars = [message_chars(message) for message in messages]
+    if known_total and sum(chars):
+        total_chars = sum(chars)
+        return [math.ceil(known_total * count / total_chars) for count in chars]
+    return [math.ceil(count / CHARS_PER_TOKEN) for count in chars]
+
+
+def _normalised(text: str) -> str:
+    return " ".join(text.split())
+
+
+def task_index(messages: Sequence[Message], instruction: str, *, strict: bool = False) -> int | None:
+    """Index of the task message: the first user message containing the start of the instruction, else
+    (unless strict) the first user message. Agents often put a demonstration before the task, so "first
+    user message" alone would keep the demonstration and lose the task."""
+    probe = _normalised(instruction)[:_TASK_PROBE_CHARS]
+    users = [i for i, message in enumerate(messages) if message.get("role") == "user"]
+    if probe:
+        for index in users:
+            if probe in _normalised(str(messages[index].get("content") or "")):
+                return index
+    if strict:
+        return None
+    return users[0] if users else None
+
+
+@dataclass(frozen=True)
+class Truncated:
+    messages: list[Message]
+    dropped: int  # messages removed from the front
+    tokens: int  # estimated tokens kept
+
+
+def truncate(
+    messages: Sequence[Message], budget: int, *, instruction: str = "", known_total: int | None = None
+) -> Truncated:
+    """Fit messages into `budget` tokens by dropping whole messages from the front.
+
+    Always kept, even over budget: the system messages before the task and the task message itself.
+    After them come the most recent messages that fit. A `tool` message whose assistant call was dropped
+    is dropped too, so the result is still a valid chat.
+    """
+    counts = token_counts(messages, known_total)
+    task = task_index(messages, instruction)
+    head = [i for i in range(len(messages)) if messages[i].get("role") == "system" and (task is None or i < task)]
+    if task is not None:
+        head.append(task)
+    head_set = set(head)
+    rest = [i for i in range(len(messages)) if i not in head_set]
+    room = budget - sum(counts[i] for i in head)
+    tail: list[int] = []
+    for index in reversed(rest):
+        if counts[index] > room:
+            break
+        room -= counts[index]
+        tail.append(index)
+    tail.reverse()
+    while tail and messages[tail[0]].get("role") == "tool":
+        tail.pop(0)
+    kept = sorted(head_set) + tail
+    return Truncated(
+        messages=[messages[i] for i in kept],
+        dropped=len(messages) - len(kept),
+        tokens=sum(counts[i] for i in kept),
+    )
