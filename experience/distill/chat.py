@@ -115,6 +115,31 @@ def _carries_task(entries: list[Entry], instruction: str) -> bool:
     return task_index([entry.message for entry in entries], instruction, strict=True) is not None
 
 
+def conversation(record: TrajectoryRecord, decisions: list[Decision]) -> list[Entry]:
+    """The whole run as tagged messages.
+
+    When the last decision's model call recorded its request, the conversation is that request plus the
+    final reply and its outputs, with the request's assistant messages after the task tagged 1..T-1 in
+    order. If their number is not T-1 (the harness rewrote its history), tagging would be a guess, so the
+    conversation is rebuilt from the steps instead.
+    """
+    entries = rebuild_conversation(record, decisions)
+    if not decisions:
+        return entries
+    last = decisions[-1]
+    call = record.steps[last.model_call] if last.model_call is not None else None
+    if call is None or not call.request_messages:
+        return entries
+    request = [message.as_openai() for message in call.request_messages]
+    start = task_index(request, record.instruction)
+    assistants = [i for i, m in enumerate(request) if m["role"] == "assistant" and (start is None or i > start)]
+    if len(assistants) != len(decisions) - 1:
+        return entries
+    tags = {index: t for t, index in enumerate(assistants, start=1)}
+    tagged = [Entry(-1, message, tags.get(i)) for i, message in enumerate(request)]
+    return tagged + [entry for entry in entries if entry.decision == last.t]
+
+
 # --- token budget --------------------------------------------------------------------------------------
 
 
@@ -187,7 +212,7 @@ def truncate(
     tail.reverse()
     while tail and messages[tail[0]].get("role") == "tool":
         tail.pop(0)
-    kept = sorted(head_set) + tail
+    kept = sorted(head_set.union(tail))
     return Truncated(
         messages=[messages[i] for i in kept],
         dropped=len(messages) - len(kept),

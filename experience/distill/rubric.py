@@ -146,7 +146,7 @@ def _output_of(record: TrajectoryRecord, index: int) -> str | None:
     if step.output is not None:
         return step.output
     following = record.steps[index + 1] if index + 1 < len(record.steps) else None
-    if step.kind in ("tool_call", "model_call") and following is not None and following.kind == "observation":
+    if step.kind in ("command", "tool_call", "model_call") and following is not None and following.kind == "observation":
         return following.text
     return None
 
