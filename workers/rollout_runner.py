@@ -33,6 +33,11 @@ WORKSPACE_BASELINE = (
     "git -c user.email=trove@localhost -c user.name=trove commit -q -m baseline"
 )
 PROXY_RECORD_WAIT_S = 15.0
+EVAL_PROTECTED = ("tests/",)  # task files restored before the evaluation runs
+
+
+class InfraFailure(SandboxError):
+    """Infrastructure (model server, sandbox) failed during the harness; retried if transient."""
 
 
 class RolloutCancelled(Exception):
@@ -188,9 +193,13 @@ def _run_harness(rollout: Rollout, lease: fleet_ops.Lease, heartbeat: Heartbeat,
 
     outcome = run_builtin_harness(
         instruction=rollout.task.instruction, chat=chat, execute=execute, max_steps=job.max_steps,
-        on_command=on_command,
+        on_command=on_command, max_total_tokens=job.max_tokens,
     )
     _wait_for_model_calls(rollout.trajectory_id, calls["n"])
+    if outcome.reason in ("model_error", "sandbox_error"):
+        # The model server or the sandbox failed, not the agent: this run must not become training data.
+        raise InfraFailure(f"{outcome.reason}: {outcome.error}",
+                           permanent=bool(getattr(outcome.exception, "permanent", False)))
     _record(rollout, StepRecord(kind="note", started_at=now(), text=f"harness ended: {outcome.reason}",
                                 payload={"reason": outcome.reason, "steps": outcome.steps}))
     return outcome.steps
@@ -221,6 +230,8 @@ def _wait_for_model_calls(trajectory_id: int, expected: int) -> None:
 def _evaluate_and_finish(rollout: Rollout, worker: str, lease, clock: Clock, steps: int) -> str:
     task = rollout.task
     diff = fleet_ops.sandbox_exec(lease, "git add -A >/dev/null 2>&1; git diff --cached", timeout=30, reason="diff")
+    # The evaluation runs the task's own tests, whatever the agent did to its copy of them.
+    fleet_ops.sandbox_write_files(lease, {p: t for p, t in task.files.items() if p.startswith(EVAL_PROTECTED)})
     started_at, started = now(), time.perf_counter()
     result = fleet_ops.sandbox_exec(lease, task.eval_command, timeout=task.eval_timeout_s, reason="eval")
     clock.eval_ms += (time.perf_counter() - started) * 1000

@@ -28,6 +28,7 @@ class Embedder(Protocol):
     name: str
     version: str
     dim: int
+    threshold: float  # near-duplicate cosine, calibrated on real runs (README.md)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """float32 array (len(texts), dim), rows L2-normalised (zero rows for empty texts)."""
@@ -52,10 +53,9 @@ class LexicalEmbedder:
 
     name = "lexical"
     version = "1"
+    threshold = 0.80
 
-    def __init__(self, dim: int = 512, ngram_sizes: Sequence[int] = (3, 4, 5), batch_size: int = 512):
-        if dim & (dim - 1):
-            raise ValueError(f"dim must be a power of two, got {dim}")
+    def __init__(self, dim: int = 384, ngram_sizes: Sequence[int] = (3, 4, 5), batch_size: int = 512):
         self.dim = dim
         self.ngram_sizes = tuple(ngram_sizes)
         self.batch_size = batch_size
@@ -93,7 +93,7 @@ class LexicalEmbedder:
             return
         inside = np.arange(positions) + size <= end_of_byte[:positions]  # n-grams within one text
         hashes = _ngram_hash(data, positions, size)[inside]
-        buckets = (hashes & np.uint32(self.dim - 1)).astype(np.int64)
+        buckets = (hashes % np.uint32(self.dim)).astype(np.int64)
         signs = np.where(hashes >> np.uint32(31), -1.0, 1.0).astype(np.float32)
         rows = doc_of_byte[:positions][inside]
         counts += np.bincount(rows * self.dim + buckets, weights=signs, minlength=len(counts)).astype(np.float32)
@@ -124,6 +124,7 @@ class MiniLMEmbedder:
     name = "minilm"
     version = "all-MiniLM-L6-v2"
     dim = 384
+    threshold = 0.92
 
     def __init__(self, batch_size: int = 64, device: str = "cpu"):
         self.batch_size = batch_size

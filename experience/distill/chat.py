@@ -58,7 +58,10 @@ def _step_entries(
         return [Entry(index, reply_message(step), t)]
     if step.kind in ("command", "tool_call") and decision is not None:
         entries = [] if decision.model_call is not None else [Entry(index, action_message(step), t)]
-        return entries + [Entry(index, message, t) for message in _output_messages(record, index, step)]
+        call_id = _answered_call_id(record, decision, index, step)
+        return entries + [
+            Entry(index, message, t) for message in _output_messages(record, index, step, call_id)
+        ]
     if step.kind == "observation" and not _is_consumed_observation(record, index):
         return [Entry(index, {"role": "user", "content": step.text}, None)]
     return []
@@ -87,15 +90,31 @@ def decision_message(record: TrajectoryRecord, decision: Decision) -> Message:
     return action_message(record.steps[decision.actions[0]])
 
 
-def _output_messages(record: TrajectoryRecord, index: int, step: StepRecord) -> list[Message]:
+def _answered_call_id(
+    record: TrajectoryRecord, decision: Decision, index: int, step: StepRecord
+) -> str | None:
+    """The tool call id an action's output answers: its own call's id, else, when the decision's model
+    call returned tool calls, the one in the same position as this action (so the chat stays valid)."""
+    own = [call.get("id") for call in step.tool_calls or [] if call.get("id")]
+    if own:
+        return str(own[0])
+    if decision.model_call is None:
+        return None
+    ids = [call.get("id") for call in model_tool_calls(record.steps[decision.model_call])]
+    position = decision.actions.index(index)
+    return str(ids[position]) if position < len(ids) and ids[position] else None
+
+
+def _output_messages(
+    record: TrajectoryRecord, index: int, step: StepRecord, call_id: str | None
+) -> list[Message]:
     output = step.output
     if output is None and _next_is_observation(record, index):
         output = record.steps[index + 1].text
     if output is None:
         return []
-    call_ids = [call.get("id") for call in step.tool_calls or [] if call.get("id")]
-    if call_ids:
-        return [{"role": "tool", "tool_call_id": call_ids[0], "content": output}]
+    if call_id:
+        return [{"role": "tool", "tool_call_id": call_id, "content": output}]
     return [{"role": "user", "content": output}]
 
 
@@ -132,7 +151,9 @@ def conversation(record: TrajectoryRecord, decisions: list[Decision]) -> list[En
         return entries
     request = [message.as_openai() for message in call.request_messages]
     start = task_index(request, record.instruction)
-    assistants = [i for i, m in enumerate(request) if m["role"] == "assistant" and (start is None or i > start)]
+    assistants = [
+        i for i, m in enumerate(request) if m["role"] == "assistant" and (start is None or i > start)
+    ]
     if len(assistants) != len(decisions) - 1:
         return entries
     tags = {index: t for t, index in enumerate(assistants, start=1)}
@@ -197,7 +218,9 @@ def truncate(
     """
     counts = token_counts(messages, known_total)
     task = task_index(messages, instruction)
-    head = [i for i in range(len(messages)) if messages[i].get("role") == "system" and (task is None or i < task)]
+    head = [
+        i for i in range(len(messages)) if messages[i].get("role") == "system" and (task is None or i < task)
+    ]
     if task is not None:
         head.append(task)
     head_set = set(head)

@@ -116,7 +116,13 @@ NO_INTENT = CommandIntent()
 # SWE-agent interface commands that change or open files; the rest (find_file, goto, scroll...) only read.
 _ACI_EDITS = {"edit", "insert", "append"}
 _EDITOR_WRITES = {"create", "str_replace", "insert", "undo_edit", "write", "overwrite", "append"}
-_EDITOR_TOOLS = {"str_replace_editor", "str_replace_based_edit_tool", "file_editor", "text_editor", "edit_file"}
+_EDITOR_TOOLS = {
+    "str_replace_editor",
+    "str_replace_based_edit_tool",
+    "file_editor",
+    "text_editor",
+    "edit_file",
+}
 _SHELL_TOOLS = {"bash", "execute_bash", "shell", "run", "run_command", "terminal", "execute_command", "exec"}
 _WRITE_TOOLS = {"write_file", "create_file", "write", "write_to_file"}
 _PATCH_TOOLS = {"apply_patch", "patch"}
@@ -397,7 +403,9 @@ def _test_invocation(program: str, args: list[str]) -> TestInvocation | None:
         return TestInvocation("make", wide=True)
     if program in ("npm", "yarn", "pnpm") and "test" in args[1:3]:
         return TestInvocation(program, wide=not _positional(args[args.index("test") + 1 :]))
-    if program in ("jest", "mocha", "vitest") or (program == "npx" and args[1:2] in (["jest"], ["mocha"], ["vitest"])):
+    if program in ("jest", "mocha", "vitest") or (
+        program == "npx" and args[1:2] in (["jest"], ["mocha"], ["vitest"])
+    ):
         rest = args[2:] if program == "npx" else args[1:]
         return TestInvocation("js", wide=not _positional([arg for arg in rest if arg != "run"]))
     if program == "go" and args[1:2] == ["test"]:

@@ -56,7 +56,7 @@ def decision_points(record: TrajectoryRecord) -> list[Decision]:
                 groups[-1][1].append(index)
             else:
                 groups.append((None, [index]))
-    kept = [(call, actions) for call, actions in groups if actions or _answered(record.steps[call])]
+    kept = [(call, actions) for call, actions in groups if actions or _answered(record, call)]
     return [Decision(t, call, tuple(actions)) for t, (call, actions) in enumerate(kept, start=1)]
 
 
@@ -83,5 +83,9 @@ def _decided(step: StepRecord) -> bool:
     return not step.is_error
 
 
-def _answered(step: StepRecord | None) -> bool:
-    return step is not None and (bool((step.response_text or "").strip()) or bool(model_tool_calls(step)))
+def _answered(record: TrajectoryRecord, call: int | None) -> bool:
+    """A model call with no action step counts only if it replied with text or tool calls."""
+    if call is None:
+        return False
+    step = record.steps[call]
+    return bool((step.response_text or "").strip()) or bool(model_tool_calls(step))

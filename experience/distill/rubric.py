@@ -137,7 +137,9 @@ def _diff_intent(step: StepRecord) -> commands.CommandIntent:
     diff = step.text or str(step.payload.get("diff") or "")
     paths += [m["path"] for m in _DIFF_PATH.finditer(diff) if m["path"] not in paths]
     created = "new file mode" in diff or "--- /dev/null" in diff
-    return commands.CommandIntent(writes=tuple(commands.FileWrite(p, created=created) for p in dict.fromkeys(paths)))
+    return commands.CommandIntent(
+        writes=tuple(commands.FileWrite(p, created=created) for p in dict.fromkeys(paths))
+    )
 
 
 def _output_of(record: TrajectoryRecord, index: int) -> str | None:
@@ -146,7 +148,11 @@ def _output_of(record: TrajectoryRecord, index: int) -> str | None:
     if step.output is not None:
         return step.output
     following = record.steps[index + 1] if index + 1 < len(record.steps) else None
-    if step.kind in ("command", "tool_call", "model_call") and following is not None and following.kind == "observation":
+    if (
+        step.kind in ("command", "tool_call", "model_call")
+        and following is not None
+        and following.kind == "observation"
+    ):
         return following.text
     return None
 

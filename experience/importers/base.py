@@ -98,7 +98,9 @@ def parse_json_bytes(data: bytes, loc: Location) -> Any:
     except UnicodeDecodeError as exc:
         raise loc.malformed(f"not UTF-8 text at byte {exc.start} (corrupted file?)") from None
     except json.JSONDecodeError as exc:
-        hint = " (the file ends early: truncated?)" if exc.pos >= len(data.rstrip()) else " (corrupted?)"
+        # a JSON document ends with its closing bracket; one that does not was cut short
+        truncated = not data.rstrip().endswith((b"}", b"]"))
+        hint = " (the file ends early: truncated?)" if truncated else " (corrupted?)"
         raise loc.malformed(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}{hint}") from None
 
 
@@ -322,8 +324,9 @@ def tool_call_parts(call: dict[str, Any]) -> tuple[str | None, str, Any]:
 
 
 def shell_command(name: str, arguments: Any) -> str | None:
-    """The command line when a tool call is a shell command, else None."""
-    if name not in SHELL_TOOLS or not isinstance(arguments, dict):
+    """The command line when a tool call is a shell command, else None. Names match case-insensitively
+    (Claude Code calls its shell tool "Bash")."""
+    if name.lower() not in SHELL_TOOLS or not isinstance(arguments, dict):
         return None
     for key in SHELL_ARGUMENTS:
         if isinstance(arguments.get(key), str):

@@ -42,6 +42,7 @@ from experience.importers.base import (
     is_naive_time,
     iter_jsonl,
     load_json_document,
+    looks_like_diff,
     message_step,
     normalise_tool_calls,
     number_or_none,
@@ -320,8 +321,15 @@ class _EventWalk:
     def _learn(self, event: dict[str, Any], kind: str, args: dict[str, Any]) -> None:
         if kind == "system" and args.get("openhands_version"):
             self.summary.version = str(args["openhands_version"])
-        if kind == "message" and event.get("source", "user") == "user" and not self.summary.first_user_text:
+        if kind == "message" and self._source(event) == "user" and not self.summary.first_user_text:
             self.summary.first_user_text = content_text(args.get("content") or event.get("message"))
+
+    def _source(self, event: dict[str, Any]) -> str:
+        """Who sent an event. The older layout does not say; there the first message is the task."""
+        if isinstance(event.get("source"), str):
+            return event["source"]
+        first_message = next((e for e in self.events if isinstance(e, dict) and e.get("action") == "message"), None)
+        return "user" if event is first_message else "agent"
 
     def _model_call(self, event: dict[str, Any], moment: datetime | None) -> list[StepRecord]:
         response = as_dict(as_dict(event.get("tool_call_metadata")).get("model_response"))
@@ -366,13 +374,14 @@ class _EventWalk:
         step.output = content_text(answer.get("content"))
         step.exit_code = code if isinstance(code, int) and not isinstance(code, bool) else None
         step.ended_at = self.time(answer, answer_index)
-        payload["observation_id"] = answer.get("id")
+        if answer.get("id") is not None:
+            payload["observation_id"] = answer["id"]
         if step.ended_at and step.started_at and step.ended_at < step.started_at:
             step.ended_at = None
         return step
 
     def _message(self, event: dict, kind: str, args: dict, moment: datetime | None) -> StepRecord:
-        role = "system" if kind == "system" else ("user" if event.get("source") == "user" else "assistant")
+        role = "system" if kind == "system" else ("user" if self._source(event) == "user" else "assistant")
         if kind == "think":
             text = content_text(args.get("thought"))
         elif kind == "finish":
@@ -409,10 +418,12 @@ class _EventWalk:
         if kind == "agent_state_changed":
             return [StepRecord(kind="note", text=f"agent state: {extras.get('agent_state')}", started_at=moment,
                                payload={**payload, "agent_state": extras.get("agent_state")})]
-        diff = extras.get("diff")
-        if kind == "edit" and isinstance(diff, str) and diff.strip():
-            payload["path"] = extras.get("path")
-            return [StepRecord(kind="file_change", text=diff, output=content, started_at=moment, payload=payload)]
+        if kind == "edit":
+            change = _edit_change(content, extras)
+            if change is not None:
+                payload["path"] = extras.get("path")
+                return [StepRecord(kind="file_change", text=change[0], output=change[1], started_at=moment,
+                                   payload=payload)]
         if kind == "run":
             code = as_dict(extras.get("metadata")).get("exit_code", extras.get("exit_code"))
             if isinstance(code, int) and not isinstance(code, bool):
@@ -424,6 +435,18 @@ class _EventWalk:
     def _note_unmatched_responses(self) -> None:
         self.summary.unmatched_responses = [r for r in self.latency if isinstance(r, str)
                                             and r not in self.seen_responses]
+
+
+def _edit_change(content: str, extras: dict[str, Any]) -> tuple[str, str] | None:
+    """(diff, what the tool told the agent) of an edit, or None when it changed nothing (an error).
+    Newer OpenHands puts the diff in extras.diff; early 2025 versions made it the content and kept the
+    agent's view in extras.formatted_output_and_error."""
+    diff = extras.get("diff")
+    if isinstance(diff, str) and diff.strip():
+        return diff, content
+    if looks_like_diff(content):
+        return content, content_text(extras.get("formatted_output_and_error"))
+    return None
 
 
 def _steps_from_events(

@@ -42,12 +42,15 @@ FORMAT = "swe_agent"
 SOURCE_FORMAT = "swe-agent-traj"
 _MINI_MARKER = re.compile(rb'"trajectory_format"\s*:\s*"mini-swe-agent')
 _SWE_KEYS = re.compile(rb'"(trajectory|history)"\s*:\s*\[')
+_STEP_START = re.compile(rb'"trajectory"\s*:\s*\[\s*\{\s*"action"\s*:')
 
 
 def detect(path: Path, head: bytes) -> bool:
     if not head.lstrip().startswith(b"{") or _MINI_MARKER.search(head):
         return False
-    return path.suffix == ".traj" and bool(_SWE_KEYS.search(head))
+    if path.suffix == ".traj":
+        return bool(_SWE_KEYS.search(head))
+    return bool(_STEP_START.search(head))  # renamed: a trajectory list whose entries start with "action"
 
 
 def parse(path: Path, *, name: str | None = None) -> Iterator[TrajectoryRecord]:
@@ -83,7 +86,7 @@ def _record(
         source_format=SOURCE_FORMAT,
         source_version=str(info.get("swe_agent_version") or ""),
         source_ref=f"swe-agent:{ref_name(path, name)}",
-        task_key=str(problem.get("id") or path.name.removesuffix(".traj")),
+        task_key=str(problem.get("id") or path.name.removesuffix(".json").removesuffix(".traj")),
         instruction=_instruction(problem, history),
         harness="swe-agent",
         model=str(as_dict(as_dict(replay.get("agent")).get("model")).get("name") or ""),

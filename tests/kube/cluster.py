@@ -32,9 +32,11 @@ from kubernetes import client as k8s
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENSURE_SCRIPT = REPO_ROOT / "scripts" / "kube" / "ensure_apiserver.sh"
 
-# The ServiceAccount that deploy/sandbox-rbac.yaml binds to its Role. A static token for this user name
-# is authorized exactly as the ServiceAccount would be, so the RBAC test applies deploy/ unchanged.
+# The ServiceAccount (in Trove's own namespace) that deploy/sandbox-rbac.yaml binds to its Role in the
+# sandbox namespace. A static token for this user name is authorized exactly as the ServiceAccount would
+# be, so the RBAC test applies deploy/ unchanged.
 SANDBOX_NAMESPACE = "trove-sandboxes"
+CONTROL_NAMESPACE = "trove"
 BACKEND_SERVICE_ACCOUNT = "trove-sandbox-manager"
 
 
@@ -151,17 +153,21 @@ class LoopbackCluster:
         self.write_kubeconfig(self.kubeconfig, self.admin)
 
     def stop(self) -> None:
-        # Reverse order: the apiserver first, so it does not log a storm of etcd errors on the way down.
+        # Reverse order, one at a time: the apiserver drains against a live etcd, then etcd goes.
         for proc in reversed(self._procs):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc in reversed(self._procs):
             try:
-                proc.wait(timeout=15)
+                proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
         self._procs.clear()
+
+    def destroy(self) -> None:
+        """Stop the processes and delete the work dir (etcd data, certificates, tokens)."""
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
     def api_client(self, token: str | None = None) -> k8s.ApiClient:
         config = k8s.Configuration()
@@ -282,7 +288,10 @@ def start_cluster(workdir: Path | None = None, *, extra_users: list[TokenUser] |
     try:
         cluster.start()
     except BaseException:
-        cluster.stop()
+        if workdir is None:
+            cluster.destroy()
+        else:
+            cluster.stop()
         raise
     return cluster
 
@@ -294,7 +303,7 @@ def main() -> None:
     workdir = args.dir.resolve() if args.dir else None
     if workdir and workdir.exists():
         shutil.rmtree(workdir)
-    backend_user = service_account_user(SANDBOX_NAMESPACE, BACKEND_SERVICE_ACCOUNT)
+    backend_user = service_account_user(CONTROL_NAMESPACE, BACKEND_SERVICE_ACCOUNT)
     cluster = start_cluster(workdir, extra_users=[backend_user])
     backend_kubeconfig = cluster.write_kubeconfig(
         cluster.workdir / "kubeconfig-backend", backend_user, namespace=SANDBOX_NAMESPACE
@@ -303,6 +312,8 @@ def main() -> None:
     print(f"KUBECONFIG={backend_kubeconfig}  ({backend_user.user})", flush=True)
     print(f"server {cluster.url}; Ctrl-C stops it", flush=True)
     try:
+        # Blocked first, so the signal waits for sigwait instead of killing us before the children stop.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
     finally:
         cluster.stop()

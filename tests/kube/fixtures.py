@@ -26,7 +26,7 @@ from kubernetes import client as k8s
 
 from tests.kube.cluster import (
     BACKEND_SERVICE_ACCOUNT,
-    SANDBOX_NAMESPACE,
+    CONTROL_NAMESPACE,
     ApiserverUnavailable,
     LoopbackCluster,
     service_account_user,
@@ -34,14 +34,14 @@ from tests.kube.cluster import (
 )
 from tests.kube.kubelet import TestKubelet
 
-BACKEND_USER = f"system:serviceaccount:{SANDBOX_NAMESPACE}:{BACKEND_SERVICE_ACCOUNT}"
+BACKEND_USER = f"system:serviceaccount:{CONTROL_NAMESPACE}:{BACKEND_SERVICE_ACCOUNT}"
 
 
 @pytest.fixture(scope="session")
 def kube_cluster() -> Iterator[LoopbackCluster]:
     workdir = Path(tempfile.mkdtemp(prefix="trove-kube-"))
     try:
-        cluster = start_cluster(workdir, extra_users=[service_account_user(SANDBOX_NAMESPACE, BACKEND_SERVICE_ACCOUNT)])
+        cluster = start_cluster(workdir, extra_users=[service_account_user(CONTROL_NAMESPACE, BACKEND_SERVICE_ACCOUNT)])
     except ApiserverUnavailable as exc:
         shutil.rmtree(workdir, ignore_errors=True)
         pytest.skip(
@@ -51,8 +51,7 @@ def kube_cluster() -> Iterator[LoopbackCluster]:
     try:
         yield cluster
     finally:
-        cluster.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        cluster.destroy()
 
 
 @pytest.fixture(scope="session")

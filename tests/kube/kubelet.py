@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -211,15 +212,16 @@ class TestKubelet:
 
     # -- event loop ------------------------------------------------------------------------------------
 
-    def _list(self, **kw: Any) -> Any:
+    def _list(self) -> Any:
+        # The API method itself, not a wrapper: kubernetes.watch reads the item type from its signature.
         if self.namespace:
-            return self.api.list_namespaced_pod(self.namespace, **kw)
-        return self.api.list_pod_for_all_namespaces(**kw)
+            return functools.partial(self.api.list_namespaced_pod, self.namespace)
+        return self.api.list_pod_for_all_namespaces
 
     def _watch_loop(self) -> None:
         while not self._stop.is_set():
             try:
-                listing = self._list()
+                listing = self._list()()
                 self._resync(listing.items)
                 self._watch_from(listing.metadata.resource_version)
             except Exception as exc:  # keep the kubelet alive through apiserver hiccups, but record them
@@ -233,7 +235,7 @@ class TestKubelet:
         w = watch.Watch()
         while not self._stop.is_set():
             try:
-                for event in w.stream(self._list, resource_version=resource_version, timeout_seconds=1,
+                for event in w.stream(self._list(), resource_version=resource_version, timeout_seconds=1,
                                       allow_watch_bookmarks=True):
                     kind, raw = event["type"], event.get("raw_object") or {}
                     if kind == "ERROR":  # e.g. 410 Gone inside the stream: relist
@@ -516,6 +518,8 @@ class TestKubelet:
             for run in exited:
                 run.reported_exit = True
                 code = run.proc.returncode if run.proc else -1
+                if code < 0:  # killed by a signal: report it as a container runtime does, 128 + signal
+                    code = 128 - code
                 reason = "Completed" if code == 0 else "Error"
                 self._pool.submit(self._patch_status, run.namespace, run.name, {
                     "phase": "Succeeded" if code == 0 else "Failed",
@@ -536,8 +540,9 @@ class TestKubelet:
             with run.lock:
                 self._kill(run)
         try:
-            self.api.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0,
-                                           body={"preconditions": {"uid": uid}})
+            # With a body the apiserver ignores the query parameters: the grace period goes in the body too.
+            self.api.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace,
+                                           body={"gracePeriodSeconds": 0, "preconditions": {"uid": uid}})
         except k8s.ApiException as exc:
             if exc.status not in (404, 409):  # gone already, or a newer pod of the same name
                 self.errors.append(f"delete {pod.metadata.namespace}/{pod.metadata.name}: {exc.status}")

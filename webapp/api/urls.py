@@ -1,6 +1,15 @@
-from django.urls import path
-from drf_spectacular.views import SpectacularAPIView
+"""The REST API. Each area keeps its own views and routes in its own module."""
+
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from webapp.api import datasets, fleets, jobs, trajectories
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("v1/", include(jobs.urlpatterns)),
+    path("v1/", include(fleets.urlpatterns)),
+    path("v1/", include(trajectories.urlpatterns)),
+    path("v1/", include(datasets.urlpatterns)),
 ]

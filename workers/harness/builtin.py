@@ -174,7 +174,9 @@ def parse_reply(text: str) -> ParsedReply:
     if submitted:
         return ParsedReply(kind="submit", command_blocks=len(command_bodies))
     if command_bodies:
-        return ParsedReply(kind="command", command=command_bodies[0].strip("\n"), command_blocks=len(command_bodies))
+        return ParsedReply(
+            kind="command", command=command_bodies[0].strip("\n"), command_blocks=len(command_bodies)
+        )
     return ParsedReply(kind="none")
 
 
@@ -232,7 +234,9 @@ class _Run:
         )
 
 
-def _stop_reason(run: _Run, should_stop: Callable[[], str | None] | None, max_total_tokens: int | None) -> str:
+def _stop_reason(
+    run: _Run, should_stop: Callable[[], str | None] | None, max_total_tokens: int | None
+) -> str:
     if should_stop is not None:
         reason = should_stop()
         if reason:

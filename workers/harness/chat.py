@@ -9,7 +9,6 @@ Failures raise `ModelCallError`, whose `permanent` flag tells the caller whether
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -69,7 +68,9 @@ def openai_chat(
 
     def chat(messages: list[dict[str, Any]]) -> ChatReply:
         body = json.dumps({**options, "messages": messages}).encode()
-        return _call_with_retries(url, body, headers, timeout=timeout, retries=retries, backoff=retry_backoff_s)
+        return _call_with_retries(
+            url, body, headers, timeout=timeout, retries=retries, backoff=retry_backoff_s
+        )
 
     return chat
 
@@ -102,7 +103,7 @@ def _post(url: str, body: bytes, headers: dict[str, str], *, timeout: float) -> 
             raw = response.read()
     except urllib.error.HTTPError as exc:
         raise _http_error(exc) from exc
-    except (urllib.error.URLError, TimeoutError, socket.timeout, ConnectionError) as exc:
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
         reason = getattr(exc, "reason", exc)
         raise _RetryableError(ModelCallError(f"model endpoint unreachable: {reason}")) from exc
     try:

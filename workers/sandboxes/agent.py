@@ -1,11 +1,11 @@
 """Trove sandbox agent: runs inside a sandbox and executes commands for the host. Stdlib only.
 
-    python3 agent.py --listen unix:/run/trove/agent.sock --secret-file /dev/stdin [--workspace /workspace]
+    python3 agent.py --listen unix:/run/trove/agent.sock --secret-file - [--workspace /workspace]
     python3 agent.py --listen tcp:0.0.0.0:7070            # secret from env TROVE_AGENT_SECRET (Kubernetes)
 
 Options:
     --listen unix:PATH | tcp:HOST:PORT   where to serve the wire protocol (see workers/sandboxes/base.py)
-    --secret-file PATH                   read the per-sandbox secret from PATH (`/dev/stdin` works); without
+    --secret-file PATH                   read the per-sandbox secret from PATH (`-`: from stdin); without
                                          it the secret comes from env TROVE_AGENT_SECRET, which is then removed
                                          from the environment commands inherit
     --workspace DIR                      commands run here; read_file/write_file are confined to it
@@ -16,7 +16,8 @@ Options:
     --max-request-bytes N                largest accepted request line (default 64 MiB)
 
 Readiness contract: with `unix:PATH` the socket file appears (atomically, by rename) only once the agent
-accepts connections; with `tcp:` the agent prints `trove-agent ready tcp:HOST:PORT` on stdout once listening.
+accepts connections; in both modes the agent prints `trove-agent ready <endpoint>` on stdout once listening
+(with `tcp:HOST:0`, the endpoint names the port the kernel chose).
 
 Behaviour the host relies on:
 - One JSON request line per connection, one JSON response line back. Every request carries the secret,
@@ -28,19 +29,20 @@ Behaviour the host relies on:
 - Output is capped per stream at `max_output` bytes; the bytes cut are counted in `truncated_bytes`.
 - Each connection is served by its own thread, so slow commands do not block pings or other execs.
 
-Startup time is most of a local sandbox's creation cost, so this module avoids the heavier stdlib
-imports (subprocess, argparse, hmac, base64): commands are started with os.posix_spawn.
+Startup time is most of a local sandbox's creation cost (the interpreter starts in ~10 ms of CPU; the
+usual json, socket, threading, subprocess imports would add as much again, mostly for re and enum). So
+the agent uses the C modules under them (_json, _socket, _thread) through the few helpers in the "lean
+stdlib" section below, and starts commands with os.posix_spawn. Requires CPython 3.9+ on Linux.
 """
 
 from __future__ import annotations
 
+import _socket
+import _thread
 import binascii
-import json
 import os
 import select
-import socket
 import sys
-import threading
 import time
 
 # hmac.compare_digest is this very function; importing it from here skips hashlib/OpenSSL at startup.
@@ -52,6 +54,93 @@ MAX_FILE_READ = 64 * 1024 * 1024
 REQUEST_READ_TIMEOUT = 30.0  # a client that connects and says nothing holds a thread at most this long
 DRAIN_GRACE = 0.1  # after the command exits, how long to wait for output its background jobs still hold
 READ_CHUNK = 65536
+
+
+# ---------------------------------------------------------------- lean stdlib
+# json.loads / json.dumps, socket.accept and threading.Thread, built on the C modules the stdlib
+# versions wrap, without importing re, enum, selectors and the rest at startup.
+
+
+def _json_codec():
+    """(loads, dumps) using the C scanner and encoder exactly as json.JSONDecoder/JSONEncoder set them
+    up; falls back to the json module on an interpreter whose _json differs."""
+    try:
+        import _json
+
+        class Context:  # the attributes json.decoder.JSONDecoder hands to the C scanner
+            strict = True
+            object_hook = None
+            object_pairs_hook = None
+            parse_float = float
+            parse_int = int
+            memo: dict = {}
+
+            @staticmethod
+            def parse_constant(name: str) -> float:
+                raise ValueError(f"{name} is not allowed")
+
+        scan = _json.make_scanner(Context())
+        encode = _json.make_encoder(None, _not_serializable, _json.encode_basestring_ascii, None, ": ", ", ",
+                                    False, False, False)
+        encode({"probe": [1, 2.5, None, True, "x"]}, 0)
+    except (ImportError, AttributeError, TypeError):
+        import json
+
+        return json.loads, json.dumps
+
+    def loads(text: str) -> object:
+        text = text.strip()
+        try:
+            value, end = scan(text, 0)
+        except (StopIteration, SystemError):
+            # The C scanner reports most syntax errors through json.decoder, which it expects to be
+            # imported already (SystemError otherwise): let the json module parse it and raise properly.
+            import json
+
+            json.loads(text)
+            raise ValueError("not valid JSON") from None
+        if end != len(text):
+            raise ValueError(f"extra data at character {end}")
+        return value
+
+    def dumps(value: object) -> str:
+        return "".join(encode(value, 0))
+
+    return loads, dumps
+
+
+def _not_serializable(value: object) -> object:
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+json_loads, json_dumps = _json_codec()
+
+
+def accept(listener: _socket.socket) -> _socket.socket:
+    fd, _ = listener._accept()
+    return _socket.socket(fileno=fd)
+
+
+def start_thread(target, *args) -> None:
+    """Run `target(*args)` on a new (daemon) thread; RuntimeError if none can be started."""
+    _thread.start_new_thread(target, args)
+
+
+def recv_line(conn: _socket.socket, limit: int) -> bytes:
+    """Bytes up to and including the first newline (or end of stream), at most `limit` + 1 bytes."""
+    chunks = []
+    size = 0
+    while size <= limit:
+        chunk = conn.recv(READ_CHUNK)
+        if not chunk:
+            break
+        newline = chunk.find(b"\n")
+        if newline >= 0:
+            chunks.append(chunk[: newline + 1])
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 class RequestError(Exception):
@@ -98,8 +187,13 @@ def _die(message: str) -> None:
 
 
 def load_secret(secret_file: str) -> bytes:
-    """The secret from the file, else from env TROVE_AGENT_SECRET (removed so commands don't inherit it)."""
-    if secret_file:
+    """The secret from the file (`-`: stdin), else from env TROVE_AGENT_SECRET (removed from the
+    environment so that commands do not inherit it)."""
+    if secret_file == "-":
+        # Read fd 0 itself: re-opening it as /dev/stdin is refused when the pipe belongs to another uid.
+        with open(0, "rb", closefd=False) as f:
+            secret = f.read().strip()
+    elif secret_file:
         with open(secret_file, "rb") as f:
             secret = f.read().strip()
     else:
@@ -116,21 +210,21 @@ def parse_endpoint(endpoint: str) -> tuple[int, object]:
     """`unix:/path` -> (AF_UNIX, "/path"); `tcp:host:port` -> (AF_INET or AF_INET6, (host, port))."""
     kind, _, rest = endpoint.partition(":")
     if kind == "unix" and rest:
-        return socket.AF_UNIX, rest
+        return _socket.AF_UNIX, rest
     if kind == "tcp":
         host, _, port = rest.rpartition(":")
         host = host.strip("[]")
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        family = _socket.AF_INET6 if ":" in host else _socket.AF_INET
         return family, (host, int(port))
     raise ValueError(f"bad endpoint {endpoint!r}: want unix:PATH or tcp:HOST:PORT")
 
 
-def open_listener(endpoint: str) -> socket.socket:
+def open_listener(endpoint: str) -> _socket.socket:
     """Listen on `endpoint`. A Unix socket is bound under a temporary name and renamed into place once
     listening, so a client that sees the file can connect."""
     family, address = parse_endpoint(endpoint)
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    if family == socket.AF_UNIX:
+    sock = _socket.socket(family, _socket.SOCK_STREAM)
+    if family == _socket.AF_UNIX:
         assert isinstance(address, str)
         temporary = f"{address}.{os.getpid()}.tmp"
         if os.path.exists(temporary):
@@ -139,22 +233,22 @@ def open_listener(endpoint: str) -> socket.socket:
         sock.listen(128)
         os.rename(temporary, address)
     else:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
         sock.bind(address)
         sock.listen(128)
     return sock
 
 
-def serve_forever(listener: socket.socket, handler) -> None:
+def serve_forever(listener: _socket.socket, handler) -> None:
     """Accept connections and run `handler(conn)` for each on its own thread. If no thread can be started
     (the pids limit is exhausted by a command), serve that connection inline rather than drop it."""
     while True:
         try:
-            conn, _ = listener.accept()
+            conn = accept(listener)
         except InterruptedError:
             continue
         try:
-            threading.Thread(target=handler, args=(conn,), daemon=True).start()
+            start_thread(handler, conn)
         except RuntimeError:
             handler(conn)
 
@@ -170,17 +264,18 @@ class Agent:
         self.workspace = os.path.realpath(workspace)
         self.max_request = max_request
 
-    def handle_connection(self, conn: socket.socket) -> None:
+    def handle_connection(self, conn: _socket.socket) -> None:
         """Read one request line, answer with one response line, close. Never raises."""
         try:
-            with conn:
-                conn.settimeout(REQUEST_READ_TIMEOUT)
-                line = conn.makefile("rb").readline(self.max_request + 1)
-                conn.settimeout(None)
-                response = self.respond(line)
-                conn.sendall(json.dumps(response).encode() + b"\n")
+            conn.settimeout(REQUEST_READ_TIMEOUT)
+            line = recv_line(conn, self.max_request)
+            conn.settimeout(None)
+            response = self.respond(line)
+            conn.sendall(json_dumps(response).encode() + b"\n")
         except OSError:
             pass  # the client went away; nothing to answer
+        finally:
+            conn.close()
 
     def respond(self, line: bytes) -> dict:
         try:
@@ -196,7 +291,7 @@ class Agent:
         if len(line) > self.max_request:
             raise RequestError("bad_request", f"request longer than {self.max_request} bytes")
         try:
-            request = json.loads(line)
+            request = json_loads(line.decode("utf-8"))
         except ValueError as exc:
             raise RequestError("bad_request", f"not JSON: {exc}") from None
         if not isinstance(request, dict):
@@ -479,32 +574,36 @@ def parse_forward(spec: str) -> tuple[str, str]:
     return listen, target[len("unix:"):]
 
 
-def forward_connection(client: socket.socket, target_path: str) -> None:
+def forward_connection(client: _socket.socket, target_path: str) -> None:
     """Pipe bytes both ways between `client` and a new connection to the Unix socket `target_path`."""
-    with client:
-        try:
-            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            upstream.connect(target_path)
-        except OSError:
-            return
-        with upstream:
-            back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
-            back.start()
-            _pump(client, upstream)
-            back.join()
+    upstream = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        upstream.connect(target_path)
+        back_done = _thread.allocate_lock()
+        back_done.acquire()
+        start_thread(_pump, upstream, client, back_done)
+        _pump(client, upstream, None)
+        back_done.acquire()  # released when the other direction has finished too
+    except (OSError, RuntimeError):
+        pass
+    finally:
+        upstream.close()
+        client.close()
 
 
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    """Copy until end of stream, then pass the half-close on."""
+def _pump(source: _socket.socket, sink: _socket.socket, done) -> None:
+    """Copy until end of stream, then pass the half-close on; release `done` (a lock) when finished."""
     try:
         while chunk := source.recv(READ_CHUNK):
             sink.sendall(chunk)
     except OSError:
         pass
     try:
-        sink.shutdown(socket.SHUT_WR)
+        sink.shutdown(_socket.SHUT_WR)
     except OSError:
         pass
+    if done is not None:
+        done.release()
 
 
 # ---------------------------------------------------------------- main
@@ -519,19 +618,40 @@ def main(argv: list[str]) -> None:
     if opts.forward:
         listen, target = parse_forward(opts.forward)
         forward_listener = open_listener(listen)
-        threading.Thread(target=serve_forever, daemon=True,
-                         args=(forward_listener, lambda conn: forward_connection(conn, target))).start()
+        start_thread(serve_forever, forward_listener, lambda conn: forward_connection(conn, target))
     listener = open_listener(opts.listen)
-    sys.stdout.write(f"trove-agent ready {opts.listen}\n")
-    sys.stdout.flush()
+    announce_ready(bound_endpoint(listener, opts.listen))
     serve_forever(listener, agent.handle_connection)
+
+
+def bound_endpoint(listener: _socket.socket, requested: str) -> str:
+    """The endpoint actually listened on: `tcp:HOST:0` gets its real port."""
+    if listener.family == _socket.AF_UNIX:
+        return requested
+    host, port = listener.getsockname()[:2]
+    return f"tcp:{host}:{port}"
+
+
+def announce_ready(endpoint: str) -> None:
+    """Print the ready line, then point stdout at /dev/null: whoever waited on it (the local backend reads
+    it through a pipe) stops reading, and a later write must not fail or block on that pipe."""
+    try:
+        sys.stdout.write(f"trove-agent ready {endpoint}\n")
+        sys.stdout.flush()
+    except OSError:
+        pass  # nobody is reading: fine, the Unix socket file is the other readiness signal
+    _redirect(1, "/dev/null", os.O_WRONLY)
 
 
 def _detach_stdin() -> None:
     """Commands get /dev/null as stdin anyway; drop ours too (it may have carried the secret)."""
-    null = os.open("/dev/null", os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
+    _redirect(0, "/dev/null", os.O_RDONLY)
+
+
+def _redirect(fd: int, path: str, flags: int) -> None:
+    target = os.open(path, flags)
+    os.dup2(target, fd)
+    os.close(target)
 
 
 if __name__ == "__main__":

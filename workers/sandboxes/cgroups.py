@@ -68,6 +68,10 @@ class CgroupManager:
         """True when memory, pids and cpu limits can all be applied."""
         return all(c in self.homes for c in CONTROLLERS)
 
+    def dirs_for(self, name: str) -> list[str]:
+        """The cgroup directories sandbox `name` has (or would have) under this manager."""
+        return sorted({os.path.join(home.parent, name) for home in self.homes.values()})
+
     def create(self, name: str, limits: Limits) -> list[str]:
         """Create the cgroup directories for sandbox `name` and write `limits` into them. Returns the
         directories (one per hierarchy). A stale directory of the same name (a crashed destroy) is emptied

@@ -233,8 +233,12 @@ def harness(upstream: UpstreamState) -> Iterator[ProxyHarness]:
     upstream_v1 = f"{upstream.url}/v1"
     targets = {
         "tok-good": Target("rollout-1", "traj-1", upstream_v1, UPSTREAM_KEY),
-        "tok-override": Target("rollout-2", "traj-2", upstream_v1, UPSTREAM_KEY, model_override="served-model"),
-        "tok-unreachable": Target("rollout-3", "traj-3", f"http://127.0.0.1:{closed_port()}/v1", UPSTREAM_KEY),
+        "tok-override": Target(
+            "rollout-2", "traj-2", upstream_v1, UPSTREAM_KEY, model_override="served-model"
+        ),
+        "tok-unreachable": Target(
+            "rollout-3", "traj-3", f"http://127.0.0.1:{closed_port()}/v1", UPSTREAM_KEY
+        ),
     }
 
     async def resolve(token: str) -> Target | None:
@@ -270,7 +274,7 @@ def send(
     body: dict[str, Any] | None = None,
     raw: bytes | None = None,
     call_id: str | None = None,
-    connector: aiohttp.BaseConnector | None = None,
+    unix_path: str | None = None,
 ) -> Reply:
     headers = {"Content-Type": "application/json"}
     if call_id is not None:
@@ -278,6 +282,7 @@ def send(
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
 
     async def go() -> Reply:
+        connector = aiohttp.UnixConnector(unix_path) if unix_path else None
         async with aiohttp.ClientSession(connector=connector) as session:
             async with session.request(method, url, data=data, headers=headers) as response:
                 chunks: list[bytes] = []

@@ -76,7 +76,11 @@ def test_it_passes_a_stream_through_byte_for_byte_and_records_the_assembled_answ
     choice = record.response["choices"][0]
     assert choice["message"]["content"] == "Caf\u00e9 time"
     assert choice["message"]["tool_calls"] == [
-        {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "pytest -q"}'}}
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "bash", "arguments": '{"cmd": "pytest -q"}'},
+        }
     ]
     assert choice["finish_reason"] == "tool_calls"
     assert choice["logprobs"] == {
@@ -91,7 +95,9 @@ def test_an_unknown_token_gets_401_and_nothing_is_recorded(harness: ProxyHarness
     rejected_id = new_call_id()
     upstream_calls_before = len(upstream.requests)
 
-    reply = send(harness.url("tok-nobody"), body={"model": "scripted-ok", "messages": MESSAGES}, call_id=rejected_id)
+    reply = send(
+        harness.url("tok-nobody"), body={"model": "scripted-ok", "messages": MESSAGES}, call_id=rejected_id
+    )
     # A later call's record proves the sink has caught up with everything before it.
     later_id = new_call_id()
     send(harness.url("tok-good"), body={"model": "scripted-ok", "messages": MESSAGES}, call_id=later_id)
@@ -106,7 +112,9 @@ def test_an_unknown_token_gets_401_and_nothing_is_recorded(harness: ProxyHarness
 def test_an_upstream_500_is_passed_through_and_recorded_as_an_error(harness: ProxyHarness):
     call_id = new_call_id()
 
-    reply = send(harness.url("tok-good"), body={"model": "scripted-500", "messages": MESSAGES}, call_id=call_id)
+    reply = send(
+        harness.url("tok-good"), body={"model": "scripted-500", "messages": MESSAGES}, call_id=call_id
+    )
 
     assert reply.status == 500
     assert reply.json()["error"]["message"] == "the model fell over"
@@ -120,7 +128,9 @@ def test_an_upstream_500_is_passed_through_and_recorded_as_an_error(harness: Pro
 def test_a_silent_upstream_gets_504_after_the_timeout_and_is_recorded(harness: ProxyHarness):
     call_id = new_call_id()
 
-    reply = send(harness.url("tok-good"), body={"model": "scripted-hang", "messages": MESSAGES}, call_id=call_id)
+    reply = send(
+        harness.url("tok-good"), body={"model": "scripted-hang", "messages": MESSAGES}, call_id=call_id
+    )
 
     assert reply.status == 504
     assert reply.json()["error"]["code"] == "upstream_timeout"
@@ -172,7 +182,9 @@ def test_a_malformed_data_line_is_passed_through_and_recorded_as_an_error(harnes
 def test_the_model_override_replaces_the_requested_model(harness: ProxyHarness, upstream: UpstreamState):
     call_id = new_call_id()
 
-    reply = send(harness.url("tok-override"), body={"model": "whatever", "messages": MESSAGES}, call_id=call_id)
+    reply = send(
+        harness.url("tok-override"), body={"model": "whatever", "messages": MESSAGES}, call_id=call_id
+    )
 
     assert reply.status == 200
     assert upstream.requests[-1]["body"]["model"] == "served-model"

@@ -24,7 +24,10 @@ def _record(**overrides) -> CallRecord:
             "tools": [{"type": "function", "function": {"name": "bash"}}],
             "messages": [
                 {"role": "system", "content": "sys"},
-                {"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {}}]},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {}}],
+                },
                 {"role": "assistant", "content": None, "tool_calls": [{"id": "x", "type": "function"}]},
                 {"role": "tool", "content": "out", "tool_call_id": "x"},
             ],
@@ -73,15 +76,22 @@ def test_it_becomes_a_model_call_step():
     assert (step.response_text, step.text, step.model) == ("done", "done", "m-2026")
     assert (step.tokens_in, step.tokens_out, step.latency_ms, step.ttft_ms) == (100, 7, 250.0, 40.0)
     assert step.duration_ms == 250.0 and step.started_at == _record().started_at
-    assert step.payload["params"] == {"model": "m", "temperature": 0.0, "tools": [{"type": "function", "function": {"name": "bash"}}]}
+    assert step.payload["params"] == {
+        "model": "m",
+        "temperature": 0.0,
+        "tools": [{"type": "function", "function": {"name": "bash"}}],
+    }
     assert step.payload["reasoning"] == "hmm" and step.payload["finish_reason"] == "stop"
     assert step.payload["rollout_id"] == "r1" and step.payload["stream"] is True
 
 
 def test_an_upstream_failure_becomes_an_error_step():
     record = _record(
-        response={"error": {"message": "boom"}}, status_code=500, usage=None,
-        error="upstream 500: boom", error_kind="upstream_status",
+        response={"error": {"message": "boom"}},
+        status_code=500,
+        usage=None,
+        error="upstream 500: boom",
+        error_kind="upstream_status",
     )
 
     step = record.to_step_record()

@@ -40,8 +40,34 @@ def test_time_to_first_token_skips_a_role_only_first_chunk():
 
 def test_tool_call_fragments_merge_by_index():
     chunks = [
-        _event(_delta({"tool_calls": [{"index": 0, "id": "a", "type": "function", "function": {"name": "bash", "arguments": ""}}]})),
-        _event(_delta({"tool_calls": [{"index": 1, "id": "b", "type": "function", "function": {"name": "edit", "arguments": "{}"}}]})),
+        _event(
+            _delta(
+                {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": "a",
+                            "type": "function",
+                            "function": {"name": "bash", "arguments": ""},
+                        }
+                    ]
+                }
+            )
+        ),
+        _event(
+            _delta(
+                {
+                    "tool_calls": [
+                        {
+                            "index": 1,
+                            "id": "b",
+                            "type": "function",
+                            "function": {"name": "edit", "arguments": "{}"},
+                        }
+                    ]
+                }
+            )
+        ),
         _event(_delta({"tool_calls": [{"index": 0, "function": {"arguments": '{"cmd":'}}]})),
         _event(_delta({"tool_calls": [{"index": 0, "function": {"name": "bash", "arguments": ' "ls"}'}}]})),
         _event(_delta({}, finish_reason="tool_calls")),
@@ -63,8 +89,12 @@ def test_reasoning_logprobs_token_ids_and_usage_are_kept():
     usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     chunks = [
         _event({**_delta({"reasoning_content": "think "}), "prompt_token_ids": [1, 2, 3]}),
-        _event(_delta({"content": "A"}, logprobs={"content": [{"token": "A", "logprob": -1.0}]}, token_ids=[7])),
-        _event(_delta({"content": "B"}, logprobs={"content": [{"token": "B", "logprob": -2.0}]}, token_ids=[8])),
+        _event(
+            _delta({"content": "A"}, logprobs={"content": [{"token": "A", "logprob": -1.0}]}, token_ids=[7])
+        ),
+        _event(
+            _delta({"content": "B"}, logprobs={"content": [{"token": "B", "logprob": -2.0}]}, token_ids=[8])
+        ),
         _event({"id": "c1", "choices": [], "usage": usage}),
     ]
 
@@ -73,7 +103,9 @@ def test_reasoning_logprobs_token_ids_and_usage_are_kept():
     assert body is not None
     choice = body["choices"][0]
     assert choice["message"]["reasoning_content"] == "think " and choice["message"]["content"] == "AB"
-    assert choice["logprobs"] == {"content": [{"token": "A", "logprob": -1.0}, {"token": "B", "logprob": -2.0}]}
+    assert choice["logprobs"] == {
+        "content": [{"token": "A", "logprob": -1.0}, {"token": "B", "logprob": -2.0}]
+    }
     assert choice["token_ids"] == [7, 8]
     assert body["prompt_token_ids"] == [1, 2, 3]
     assert body["usage"] == usage

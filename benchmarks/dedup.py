@@ -1,0 +1,397 @@
+"""What deduplication costs and how well it works: embedders, the FAISS index, and the whole pipeline.
+
+Phases (each can be shrunk or skipped by flag):
+
+- calibrate: the real SWE-agent fixtures (/work/shared/fixtures/trajectories): per embedder, the lowest
+  cosine within the 8 marshmallow-1867 runs (one task, eight agent configurations) and within the three
+  runs of the missing-colon issue (same work under three task keys), the highest cosine between runs of
+  different problems, and the highest cosine between a run and another problem's actions under the first
+  run's task head (a stand-in for "same task, different approach"). README.md's thresholds come from here.
+- synthetic runs: `--n` TrajectoryRecords from templates (5,000 tasks x 20 runs at the default 100,000).
+  Per task a few plans; each run replays a plan with fresh temp dirs and line numbers (an exact duplicate
+  after normalisation), or with one or two edits (a near duplicate), or is a new plan (a distinct run).
+  The plan a run came from is the ground truth for pair precision / recall of the clusters.
+- embed_per_s: lexical on all runs; MiniLM on the first `--minilm-n` (whole tasks, so the two embedders'
+  cluster quality can also be compared on the same runs).
+- index: `VectorIndex.rebuild` over the lexical vectors (IVF at this size), single-vector query p50, and
+  recall@10 against brute force for queries that are held-out runs (not in the index).
+- end_to_end_s: hash + signature + lexical embedding + index build + clustering of all `--n` runs
+  (generation of the synthetic records is not counted).
+- million (`--million`, on by default): 1,000,000 synthetic unit vectors of 384 dims drawn the way
+  embeddings of runs fall — topics, tasks within topics, runs around their task — then IVF build, single
+  query p50 against the exact (flat) index's p50 in the same run, and recall@10 against brute force for
+  held-out queries. Targets: p50 < 5 ms, recall@10 >= 0.99.
+
+The last line printed is one JSON object.
+
+    .venv/bin/python benchmarks/dedup.py [--n 100000] [--minilm-n 2000] [--no-million] [--no-calibrate]
+    .venv/bin/python benchmarks/dedup.py --n 5000 --minilm-n 400 --million-n 100000   # a quick run
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import statistics
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from experience.dedup.cluster import Assignment, DedupItem, cluster_items  # noqa: E402
+from experience.dedup.embed import Embedder, get_embedder  # noqa: E402
+from experience.dedup.index import VectorIndex, recall_at_k  # noqa: E402
+from experience.dedup.signature import exact_hash, signature_text  # noqa: E402
+from experience.records import StepRecord, TrajectoryRecord  # noqa: E402
+
+FIXTURES = Path("/work/shared/fixtures/trajectories/swe-agent")
+RUNS_PER_TASK = 20
+QUERIES = 1000
+K = 10
+
+WORDS = (
+    "parser serializer field value rounding precision timezone datetime schema nested list dict cache "
+    "request response header token session config loader plugin registry handler retry timeout buffer "
+    "stream encoder decoder widget layout render column index query filter order limit offset cursor "
+    "migration model manager signal worker queue task result error warning exception fails crashes "
+    "returns wrong missing unexpected empty negative overflow unicode bytes path file directory"
+).split()
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def timed(function: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    result = function()
+    return result, time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------------------------------- synthetic
+
+
+@dataclasses.dataclass
+class Task:
+    key: str
+    instruction: str
+    files: list[str]
+    symbols: list[str]
+
+
+def make_task(number: int, rng: random.Random) -> Task:
+    package = f"pkg{number % 97}"
+    symbols = [f"{rng.choice(WORDS)}_{rng.choice(WORDS)}" for _ in range(4)]
+    files = [f"src/{package}/{rng.choice(WORDS)}.py" for _ in range(3)]
+    issue = " ".join(rng.choice(WORDS) for _ in range(60))
+    return Task(f"org__repo{number % 211}-{number}", f"{symbols[0]} {issue} in {files[0]}", files, symbols)
+
+
+def make_plan(task: Task, rng: random.Random) -> list[tuple[str, tuple]]:
+    """A plan is a list of (template, fixed arguments); volatile parts are filled in per run."""
+    file, symbol = rng.choice(task.files), rng.choice(task.symbols)
+    code = f"return {rng.choice(task.symbols)}({rng.choice(WORDS)}, {rng.choice(WORDS)})"
+    steps: list[tuple[str, tuple]] = [("ls -F", ())]
+    for _ in range(rng.randint(2, 5)):
+        steps.append(rng.choice([
+            ("grep -rn {0} src/", (rng.choice(task.symbols),)),
+            ("cat {0}", (rng.choice(task.files),)),
+            ("find_file {0} src", (rng.choice(task.files).rsplit("/", 1)[-1],)),
+            ("python -c 'import {0}; print({0}.{1})'", (rng.choice(WORDS), rng.choice(task.symbols))),
+        ]))
+    steps += [
+        ("create reproduce.py", ()),
+        ("edit {line}:{line}\nfrom x import {0}\nprint({0}({1}))\nend_of_edit", (symbol, rng.choice(WORDS))),
+        ("python reproduce.py", ()),
+        ("open {0} {line}", (file,)),
+        ("edit {line}:{line2}\n        {0}\nend_of_edit", (code,)),
+        ("cd {tmp}/repo && pytest tests/test_{0}.py -x", (rng.choice(WORDS),)),
+        ("rm reproduce.py", ()),
+        ("submit", ()),
+    ]
+    return steps
+
+
+def mutate(plan: list[tuple[str, tuple]], task: Task, rng: random.Random) -> list[tuple[str, tuple]]:
+    """One or two small edits: the kind of difference between two near-duplicate runs."""
+    plan = list(plan)
+    for _ in range(rng.randint(1, 2)):
+        where = rng.randrange(1, len(plan) - 1)
+        choice = rng.random()
+        if choice < 0.35:
+            plan.insert(where, ("cat {0}", (rng.choice(task.files),)))
+        elif choice < 0.6:
+            del plan[where]
+        elif choice < 0.8:
+            plan.insert(where, plan[where])  # a retried command
+        else:
+            plan.insert(where, ("grep -rn {0} src/", (rng.choice(task.symbols),)))
+    return plan
+
+
+def render(plan: list[tuple[str, tuple]], rng: random.Random) -> list[str]:
+    line = rng.randint(10, 900)
+    tmp = f"/tmp/tmp{rng.getrandbits(40):010x}"
+    return [template.format(*args, line=line, line2=line + rng.randint(0, 5), tmp=tmp) for template, args in plan]
+
+
+def record_of(task: Task, commands: list[str], diff_symbol: str, run: int) -> TrajectoryRecord:
+    steps = [StepRecord(kind="command", command=command, output=f"(output {run})") for command in commands]
+    diff = (
+        f"diff --git a/{task.files[0]} b/{task.files[0]}\n--- a/{task.files[0]}\n+++ b/{task.files[0]}\n"
+        f"@@ -1,3 +1,3 @@\n context\n-    return {diff_symbol}(x)\n+    return {diff_symbol}(x, strict=True)\n"
+    )
+    return TrajectoryRecord(source="rollout", source_format="bench", source_ref=f"{task.key}/{run}",
+                            task_key=task.key, instruction=task.instruction, final_diff=diff, steps=steps)
+
+
+def synthetic_runs(count: int, seed: int = 0) -> tuple[list[TrajectoryRecord], list[str]]:
+    """Runs grouped by task (RUNS_PER_TASK each) and, per run, the plan it came from (ground truth)."""
+    rng = random.Random(seed)
+    records, families = [], []
+    for number in range((count + RUNS_PER_TASK - 1) // RUNS_PER_TASK):
+        task = make_task(number, rng)
+        plans = [(make_plan(task, rng), rng.choice(task.symbols))]
+        for run in range(RUNS_PER_TASK):
+            kind = rng.random()
+            if kind < 0.2 and run:  # a different approach to the same task
+                plans.append((make_plan(task, rng), rng.choice(task.symbols)))
+                plan_number, steps = len(plans) - 1, plans[-1][0]
+            else:
+                plan_number = rng.randrange(len(plans))
+                steps = plans[plan_number][0] if kind < 0.55 else mutate(plans[plan_number][0], task, rng)
+            records.append(record_of(task, render(steps, rng), plans[plan_number][1], run))
+            families.append(f"{task.key}/{plan_number}")
+    return records[:count], families[:count]
+
+
+def pair_quality(assignments: list[Assignment], families: list[str]) -> dict[str, float]:
+    """Pair precision / recall of the clusters against the plans the runs came from."""
+    pairs = lambda counts: sum(c * (c - 1) // 2 for c in counts.values())  # noqa: E731
+    clusters = Counter(a.cluster_key for a in assignments)
+    truth = Counter(families)
+    both = Counter(zip((a.cluster_key for a in assignments), families, strict=True))
+    together, predicted, actual = pairs(both), pairs(clusters), pairs(truth)
+    return {
+        "pair_precision": round(together / predicted, 4) if predicted else 1.0,
+        "pair_recall": round(together / actual, 4) if actual else 1.0,
+        "clusters": len(clusters),
+        "true_families": len(truth),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- pipeline
+
+
+def dedup_pipeline(records: list[TrajectoryRecord], embedder: Embedder) -> tuple[list[Assignment], dict]:
+    timings: dict[str, float] = {}
+    hashes, timings["hash_s"] = timed(lambda: [exact_hash(record) for record in records])
+    texts, timings["signature_s"] = timed(lambda: [signature_text(record) for record in records])
+    vectors, timings["embed_s"] = timed(lambda: embedder.embed(texts))
+    ids = np.arange(len(records), dtype=np.int64)
+    index = VectorIndex(embedder.dim)
+    _, timings["index_s"] = timed(lambda: index.rebuild(ids, vectors))
+    items = [
+        DedupItem(id=position, task_key=record.task_key, exact_hash=hashes[position], vector=vectors[position])
+        for position, record in enumerate(records)
+    ]
+    assignments, timings["cluster_s"] = timed(lambda: cluster_items(items, threshold=embedder.threshold))
+    return assignments, {"timings": {key: round(value, 2) for key, value in timings.items()},
+                         "index": index, "vectors": vectors}
+
+
+def single_query_p50_ms(index: VectorIndex, queries: np.ndarray, k: int = K) -> float:
+    times = []
+    for query in queries:
+        start = time.perf_counter()
+        index.search(query, k)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def recall_against_brute_force(index: VectorIndex, ids: np.ndarray, vectors: np.ndarray, queries: np.ndarray):
+    exact = VectorIndex(index.dim, exact_threshold=len(ids) + 1)
+    exact.rebuild(ids, vectors)
+    truth_scores, truth_ids = exact.search(queries, K)
+    scores, found = index.search(queries, K)
+    return recall_at_k(found, scores, truth_ids, truth_scores, k=K), exact
+
+
+# ---------------------------------------------------------------------------------------------- phases
+
+
+def calibrate() -> dict[str, Any]:
+    from experience.importers.swe_agent import parse
+
+    records = [r for path in sorted(FIXTURES.rglob("*.traj")) for r in parse(path)
+               if any(step.kind == "command" for step in r.steps)]
+
+    def work(record: TrajectoryRecord) -> str:
+        same_issue = record.task_key.lower() in {"swe-agent__test-repo-i1", "function_calling_simple"}
+        return "missing-colon" if same_issue else record.task_key
+
+    heads = {work(r): r for r in reversed(records)}
+    swapped = [(a, dataclasses.replace(b, task_key=a.task_key, instruction=a.instruction))
+               for a in heads.values() for b in heads.values() if work(a) != work(b)]
+    figures: dict[str, Any] = {"runs": len(records)}
+    for name in ("lexical", "minilm"):
+        embedder = get_embedder(name)
+        vectors = embedder.embed([signature_text(r) for r in records])
+        similarity = vectors @ vectors.T
+        pairs = [(i, j) for i in range(len(records)) for j in range(i + 1, len(records))]
+        within = lambda w: min(similarity[i, j] for i, j in pairs if work(records[i]) == work(records[j]) == w)  # noqa: E731
+        first = embedder.embed([signature_text(a) for a, _ in swapped])
+        second = embedder.embed([signature_text(b) for _, b in swapped])
+        figures[name] = {
+            "threshold": embedder.threshold,
+            "marshmallow_within_min": round(float(within("marshmallow-code__marshmallow-1867")), 3),
+            "missing_colon_within_min": round(float(within("missing-colon")), 3),
+            "cross_problem_max": round(float(max(similarity[i, j] for i, j in pairs
+                                                 if work(records[i]) != work(records[j]))), 3),
+            "same_head_other_actions_max": round(float((first * second).sum(axis=1).max()), 3),
+        }
+        log(f"calibrate {name}: {figures[name]}")
+    return figures
+
+
+def synthetic_phase(args: argparse.Namespace) -> dict[str, Any]:
+    (records, families), generate_s = timed(lambda: synthetic_runs(args.n + QUERIES))
+    queries_records, records, families = records[args.n :], records[: args.n], families[: args.n]
+    log(f"generated {len(records)} runs (+{len(queries_records)} held-out) in {generate_s:.1f}s")
+
+    start = time.perf_counter()
+    assignments, details = dedup_pipeline(records, get_embedder("lexical"))
+    end_to_end_s = time.perf_counter() - start
+    lexical_quality = pair_quality(assignments, families)
+    duplicates = sum(a.is_duplicate for a in assignments)
+    exact = sum(a.match == "exact" for a in assignments)
+    log(f"end to end {end_to_end_s:.1f}s {details['timings']}; {duplicates} duplicates ({exact} exact); "
+        f"{lexical_quality}")
+
+    index, vectors = details["index"], details["vectors"]
+    texts = [signature_text(r) for r in records]
+    lexical = get_embedder("lexical")
+    _, lexical_embed_s = timed(lambda: lexical.embed(texts))
+    queries = lexical.embed([signature_text(r) for r in queries_records])
+    ids = np.arange(len(records), dtype=np.int64)
+    recall, exact_index = recall_against_brute_force(index, ids, vectors, queries)
+    query_p50 = single_query_p50_ms(index, queries)
+    exact_p50 = single_query_p50_ms(exact_index, queries[:200])
+    _, index_build_s = timed(lambda: VectorIndex(lexical.dim).rebuild(ids, vectors))
+    log(f"index {index.kind} nlist={index.nlist} nprobe={index.nprobe}: build {index_build_s:.1f}s, "
+        f"query p50 {query_p50:.3f} ms (exact {exact_p50:.3f} ms), recall@10 {recall:.4f}")
+
+    minilm_figures = minilm_phase(records[: args.minilm_n], families[: args.minilm_n], vectors[: args.minilm_n])
+    return {
+        "n": args.n,
+        "embed_per_s": {"lexical": round(len(texts) / lexical_embed_s, 1), "minilm": minilm_figures.pop("per_s")},
+        "index_build_s": round(index_build_s, 2),
+        "index_kind": index.kind,
+        "nlist": index.nlist,
+        "nprobe": index.nprobe,
+        "query_p50_ms": round(query_p50, 3),
+        "exact_query_p50_ms": round(exact_p50, 3),
+        "recall_at_10": round(recall, 4),
+        "end_to_end_s": round(end_to_end_s, 2),
+        "end_to_end_parts_s": details["timings"],
+        "duplicates_marked": duplicates,
+        "exact_duplicates": exact,
+        "quality": {"lexical": lexical_quality, "minilm_subset": minilm_figures},
+    }
+
+
+def minilm_phase(records: list[TrajectoryRecord], families: list[str], lexical_vectors: np.ndarray) -> dict:
+    """MiniLM's speed, and both embedders' cluster quality on the same (smaller) set of runs."""
+    if not records:
+        return {"per_s": None}
+    minilm = get_embedder("minilm")
+    texts = [signature_text(r) for r in records]
+    minilm.embed(texts[:8])  # load the model outside the timing
+    vectors, seconds = timed(lambda: minilm.embed(texts))
+    hashes = [exact_hash(r) for r in records]
+    quality = {}
+    for name, embedded, threshold in (
+        ("minilm", vectors, minilm.threshold),
+        ("lexical", lexical_vectors, get_embedder("lexical").threshold),
+    ):
+        items = [DedupItem(i, r.task_key, hashes[i], embedded[i]) for i, r in enumerate(records)]
+        quality[name] = pair_quality(cluster_items(items, threshold=threshold), families)
+    log(f"minilm {len(texts)} texts in {seconds:.1f}s; quality on these runs {quality}")
+    return {"per_s": round(len(texts) / seconds, 1), "n": len(records), **quality}
+
+
+def million_vectors(count: int, dim: int, seed: int) -> Iterator[np.ndarray]:
+    """Topics → tasks → runs, each level a noisy copy of its parent, yielded in chunks (memory)."""
+    rng = np.random.default_rng(seed)
+    topics = rng.standard_normal((max(1, count // 1000), dim)).astype(np.float32) / np.sqrt(dim)
+    tasks_count = max(1, count // RUNS_PER_TASK)
+    tasks = topics[rng.integers(0, len(topics), tasks_count)] + 0.8 * _noise(rng, tasks_count, dim)
+    tasks /= np.linalg.norm(tasks, axis=1, keepdims=True)
+    for start in range(0, count, 100_000):
+        size = min(100_000, count - start)
+        spread = rng.uniform(0.2, 0.6, (size, 1)).astype(np.float32)  # near-dups ~0.95 .. loose ~0.75
+        runs = tasks[rng.integers(0, tasks_count, size)] + spread * _noise(rng, size, dim)
+        yield runs / np.linalg.norm(runs, axis=1, keepdims=True)
+
+
+def _noise(rng: np.random.Generator, rows: int, dim: int) -> np.ndarray:
+    return (rng.standard_normal((rows, dim), dtype=np.float32) / np.sqrt(dim)).astype(np.float32)
+
+
+def million_phase(args: argparse.Namespace) -> dict[str, Any]:
+    dim = get_embedder("lexical").dim
+    all_vectors = np.concatenate(list(million_vectors(args.million_n + QUERIES, dim, seed=1)))
+    order = np.random.default_rng(2).permutation(len(all_vectors))
+    queries, vectors = all_vectors[order[:QUERIES]], all_vectors[order[QUERIES:]]
+    del all_vectors
+    ids = np.arange(len(vectors), dtype=np.int64)
+    index = VectorIndex(dim)
+    _, build_s = timed(lambda: index.rebuild(ids, vectors))
+    log(f"million: {len(vectors)} vectors, IVF nlist={index.nlist} nprobe={index.nprobe} "
+        f"(tuned recall {index.measured_recall:.4f}) built in {build_s:.1f}s")
+    recall, exact = recall_against_brute_force(index, ids, vectors, queries)
+    p50 = single_query_p50_ms(index, queries)
+    exact_p50 = single_query_p50_ms(exact, queries[:50])
+    log(f"million: query p50 {p50:.3f} ms (exact {exact_p50:.1f} ms), recall@10 {recall:.4f}")
+    return {
+        "n": len(vectors),
+        "dim": dim,
+        "index_build_s": round(build_s, 1),
+        "nlist": index.nlist,
+        "nprobe": index.nprobe,
+        "query_p50_ms": round(p50, 3),
+        "exact_query_p50_ms": round(exact_p50, 2),
+        "speedup_vs_exact": round(exact_p50 / p50, 1),
+        "recall_at_10": round(recall, 4),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=100_000, help="synthetic runs deduplicated end to end")
+    parser.add_argument("--minilm-n", type=int, default=2000, help="runs embedded with MiniLM (0 skips)")
+    parser.add_argument("--million", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--million-n", type=int, default=1_000_000)
+    parser.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True)
+    args = parser.parse_args()
+
+    result: dict[str, Any] = {}
+    if args.calibrate:
+        result["calibration"] = calibrate()
+    result = {**synthetic_phase(args), **result}
+    if args.million:
+        result["million"] = million_phase(args)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

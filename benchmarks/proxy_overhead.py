@@ -1,0 +1,497 @@
+"""What the recording proxy costs: the same load sent directly to a model server, through Trove's proxy
+(recording on) and through LiteLLM's proxy, in one run.
+
+Every part is its own process: a mock OpenAI-compatible upstream (aiohttp, a fixed small answer, plain
+or streamed), Trove's proxy (its app served by `run_proxy`, recording into an `InProcessSink` whose
+writer counts — `--sink=db` is for the real database writer), LiteLLM's proxy (from its own venv,
+var/bench-venvs/litellm), and the load generator (aiohttp client). Each target gets, in order:
+
+- warm-up: 16 connections;
+- unloaded: 1 connection, one request at a time — what the proxy adds to a call, free of queueing;
+- load: 16 connections, a few thousand plain requests — throughput, and latency under load;
+- stream: 16 connections, streamed requests.
+
+On a 2-core machine the load phases are CPU-bound and the proxy is a third Python process sharing the two
+cores with the load generator and the upstream, so latency under load is mostly queueing
+(16 / throughput); the added median is therefore taken from the unloaded phase, and the loaded medians
+are printed beside it.
+
+The last line is one JSON object; `*_p50_ms`, `*_p99_ms` and `*_added_p50_ms` are unloaded, `*_rps`
+from the load phase, `*_loaded_*` and `*_stream_*` from the other phases. Targets: recorded_fraction 1.0,
+trove_added_p50_ms < 1, trove_rps >= 50 x litellm_rps and >= direct_rps / 5.
+
+    .venv/bin/python benchmarks/proxy_overhead.py [--requests 3000] [--sink count|db] [--skip-litellm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+LITELLM_BIN = REPO / "var" / "bench-venvs" / "litellm" / "bin" / "litellm"
+LITELLM_INSTALL = "python3 -m venv var/bench-venvs/litellm && var/bench-venvs/litellm/bin/pip install 'litellm[proxy]==1.108.7'"
+MASTER_KEY = "sk-bench-master"
+MODEL = "bench-model"
+TOKEN = "bench-token"
+CONCURRENCY = 16
+
+PLAIN_BODY = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "cd /repo && pytest -q tests/test_parser.py"},
+                "finish_reason": "stop",
+                "logprobs": None,
+            }
+        ],
+        "usage": {"prompt_tokens": 52, "completion_tokens": 11, "total_tokens": 63},
+    }
+).encode()
+
+
+def _stream_events() -> list[bytes]:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        body = {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion.chunk",
+            "created": 1700000000,
+            "model": MODEL,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+    words = ["cd /repo", " && pytest", " -q tests/", "test_parser.py"]
+    usage = {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": MODEL,
+        "choices": [],
+        "usage": {"prompt_tokens": 52, "completion_tokens": 11, "total_tokens": 63},
+    }
+    return (
+        [chunk({"role": "assistant", "content": ""})]
+        + [chunk({"content": word}) for word in words]
+        + [chunk({}, "stop"), b"data: " + json.dumps(usage).encode() + b"\n\n", b"data: [DONE]\n\n"]
+    )
+
+
+REQUEST = {
+    "model": MODEL,
+    "messages": [
+        {"role": "system", "content": "You are a software engineer working in a bash shell. " * 8},
+        {"role": "user", "content": "The parser drops the last token of a quoted string. Fix it."},
+        {"role": "assistant", "content": "ls -la /repo"},
+        {"role": "user", "content": "README.md  setup.py  src/  tests/"},
+    ],
+    "temperature": 0.0,
+    "max_tokens": 256,
+}
+
+
+# --------------------------------------------------------------------------- roles (child processes)
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def role_upstream(port: int) -> None:
+    from aiohttp import web
+
+    events = _stream_events()
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        if b'"stream": true' not in raw and b'"stream":true' not in raw:
+            return web.Response(body=PLAIN_BODY, content_type="application/json")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event in events:
+            await response.write(event)
+        await response.write_eof()
+        return response
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, loop=_new_loop())
+
+
+def db_sink_writer() -> Any:
+    """The `write_batch` for `--sink=db`: the real database writer, into a scratch trajectory.
+
+    Not wired yet: it needs Django set up, a scratch rollout / trajectory to write into, and its id as
+    the benchmark target's trajectory id. Replace this body when wiring it.
+    """
+    raise SystemExit(
+        "--sink=db: not wired yet (benchmarks/proxy_overhead.py db_sink_writer needs a scratch trajectory "
+        "and the database writer); use --sink=count"
+    )
+
+
+def role_trove(port: int, upstream_url: str, sink_kind: str) -> None:
+    sys.path.insert(0, str(REPO))
+    from aiohttp import web
+
+    from webapp.proxy.app import Target, make_proxy_app
+    from webapp.proxy.recorder import InProcessSink
+    from webapp.proxy.server import run_proxy
+
+    counted = [0]
+
+    def count(batch: list[Any]) -> None:
+        counted[0] += len(batch)
+
+    sink = InProcessSink(db_sink_writer() if sink_kind == "db" else count)
+    target = Target("bench-rollout", "bench-trajectory", f"{upstream_url}/v1", "sk-upstream")
+
+    async def resolve(token: str) -> Target | None:
+        return target if token == TOKEN else None
+
+    async def recorded(request: web.Request) -> web.Response:
+        await asyncio.get_running_loop().run_in_executor(None, sink.flush, 30.0)
+        return web.json_response({"recorded": counted[0] if sink_kind != "db" else sink.written})
+
+    app = make_proxy_app(resolve=resolve, sink=sink)
+    app.router.add_get("/bench/recorded", recorded)
+    try:
+        run_proxy(app=app, host="127.0.0.1", port=port)
+    finally:
+        sink.close(30)
+
+
+def role_loadgen(url: str, *, requests: int, concurrency: int, stream: bool) -> None:
+    import aiohttp
+
+    body = json.dumps({**REQUEST, "stream": True} if stream else REQUEST).encode()
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {MASTER_KEY}"}
+    latencies: list[float] = []
+    failures: dict[str, int] = {}
+
+    async def worker(session: aiohttp.ClientSession, share: int) -> None:
+        for _ in range(share):
+            started = time.perf_counter()
+            try:
+                async with session.post(url, data=body, headers=headers) as response:
+                    await response.read()
+                    ok = response.status == 200
+                    reason = f"status {response.status}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                ok, reason = False, type(exc).__name__
+            if ok:
+                latencies.append((time.perf_counter() - started) * 1000.0)
+            else:
+                failures[reason] = failures.get(reason, 0) + 1
+
+    async def main() -> float:
+        connector = aiohttp.TCPConnector(limit=concurrency)
+        timeout = aiohttp.ClientTimeout(total=60)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            shares = [
+                requests // concurrency + (1 if i < requests % concurrency else 0) for i in range(concurrency)
+            ]
+            started = time.perf_counter()
+            await asyncio.gather(*(worker(session, share) for share in shares))
+            return time.perf_counter() - started
+
+    loop = _new_loop()
+    elapsed = loop.run_until_complete(main())
+    loop.close()
+    print(json.dumps(_summary(latencies, failures, requests, elapsed)))
+
+
+def _summary(latencies: list[float], failures: dict[str, int], sent: int, elapsed: float) -> dict[str, Any]:
+    ordered = sorted(latencies)
+
+    def pct(p: float) -> float | None:
+        return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))], 3) if ordered else None
+
+    return {
+        "sent": sent,
+        "ok": len(latencies),
+        "failures": failures,
+        "elapsed_s": round(elapsed, 3),
+        "rps": round(len(latencies) / elapsed, 1) if elapsed > 0 else None,
+        "p50_ms": round(statistics.median(ordered), 3) if ordered else None,
+        "p90_ms": pct(0.90),
+        "p99_ms": pct(0.99),
+    }
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _spawn(args: list[str], *, env: dict[str, str] | None = None, log: Path) -> subprocess.Popen[bytes]:
+    handle = open(log, "wb")
+    return subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+
+
+def _self(*args: str) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), *args]
+
+
+def _wait_ready(
+    url: str,
+    process: subprocess.Popen[bytes],
+    log: Path,
+    *,
+    timeout: float,
+    headers: dict[str, str] | None = None,
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(
+                urllib.request.Request(url, headers=headers or {}), timeout=2
+            ) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not become ready in {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def _load(url: str, *, requests: int, concurrency: int, stream: bool = False) -> dict[str, Any]:
+    args = _self(
+        "--role", "loadgen", "--url", url, "--requests", str(requests), "--concurrency", str(concurrency)
+    ) + (["--stream"] if stream else [])
+    done = subprocess.run(args, capture_output=True, timeout=900, check=True, cwd=REPO)
+    return json.loads(done.stdout.decode().strip().splitlines()[-1])
+
+
+def _litellm_config(workdir: Path, upstream_url: str) -> Path:
+    path = workdir / "litellm.yaml"
+    path.write_text(
+        "model_list:\n"
+        f"  - model_name: {MODEL}\n"
+        "    litellm_params:\n"
+        f"      model: openai/{MODEL}\n"
+        f"      api_base: {upstream_url}/v1\n"
+        "      api_key: sk-upstream\n"
+        "general_settings:\n"
+        f"  master_key: {MASTER_KEY}\n"
+    )
+    return path
+
+
+def _start_litellm(
+    workdir: Path, upstream_url: str
+) -> tuple[subprocess.Popen[bytes] | None, str | None, str | None]:
+    """(process, base URL, None) or (None, None, why it is not there)."""
+    if not LITELLM_BIN.exists():
+        return (
+            None,
+            None,
+            f"LiteLLM is not installed in its own venv ({LITELLM_BIN}); install it with: {LITELLM_INSTALL}",
+        )
+    port = _free_port()
+    env = dict(
+        os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_MASTER_KEY=MASTER_KEY, LITELLM_LOG="ERROR"
+    )
+    log = workdir / "litellm.log"
+    process = _spawn(
+        [
+            str(LITELLM_BIN),
+            "--config",
+            str(_litellm_config(workdir, upstream_url)),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num_workers",
+            "1",
+        ],
+        env=env,
+        log=log,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(f"{url}/health/liveliness", process, log, timeout=180)
+    except RuntimeError as exc:
+        process.terminate()
+        return None, None, f"LiteLLM did not start: {exc}"
+    return process, url, None
+
+
+def _measure(url: str, requests: int) -> dict[str, dict[str, Any]]:
+    _load(url, requests=200, concurrency=CONCURRENCY)  # warm-up: pools, caches, lazy imports
+    return {
+        "unloaded": _load(url, requests=max(200, requests // 6), concurrency=1),
+        "load": _load(url, requests=requests, concurrency=CONCURRENCY),
+        "stream": _load(url, requests=max(200, requests // 3), concurrency=CONCURRENCY, stream=True),
+    }
+
+
+def _sent(results: dict[str, dict[str, Any]]) -> int:
+    return 200 + sum(phase["sent"] for phase in results.values())
+
+
+def _recorded(trove_url: str, expected: int) -> int:
+    # Records are put after each answer is sent: wait a little for the last ones to be queued.
+    deadline = time.monotonic() + 10
+    while True:
+        with urllib.request.urlopen(f"{trove_url}/bench/recorded", timeout=60) as reply:
+            recorded = int(json.loads(reply.read())["recorded"])
+        if recorded >= expected or time.monotonic() > deadline:
+            return recorded
+        time.sleep(0.2)
+
+
+def _keys(
+    results: dict[str, dict[str, dict[str, Any]] | None],
+    recorded_fraction: float,
+    litellm_missing: str | None,
+) -> dict[str, Any]:
+    def get(target: str, phase: str, key: str) -> Any:
+        found = results.get(target)
+        return found[phase][key] if found else None
+
+    def minus(a: float | None, b: float | None) -> float | None:
+        return round(a - b, 3) if a is not None and b is not None else None
+
+    direct_p50, trove_p50, litellm_p50 = (
+        get(t, "unloaded", "p50_ms") for t in ("direct", "trove", "litellm")
+    )
+    keys: dict[str, Any] = {
+        "direct_p50_ms": direct_p50,
+        "trove_p50_ms": trove_p50,
+        "trove_p99_ms": get("trove", "unloaded", "p99_ms"),
+        "litellm_p50_ms": litellm_p50,
+        "trove_added_p50_ms": minus(trove_p50, direct_p50),
+        "litellm_added_p50_ms": minus(litellm_p50, direct_p50),
+        "direct_rps": get("direct", "load", "rps"),
+        "trove_rps": get("trove", "load", "rps"),
+        "litellm_rps": get("litellm", "load", "rps"),
+        "recorded_fraction": recorded_fraction,
+    }
+    for target in ("direct", "trove", "litellm"):
+        keys[f"{target}_loaded_p50_ms"] = get(target, "load", "p50_ms")
+        keys[f"{target}_loaded_p99_ms"] = get(target, "load", "p99_ms")
+        keys[f"{target}_stream_p50_ms"] = get(target, "stream", "p50_ms")
+        keys[f"{target}_stream_rps"] = get(target, "stream", "rps")
+    keys["trove_added_loaded_p50_ms"] = minus(keys["trove_loaded_p50_ms"], keys["direct_loaded_p50_ms"])
+    if keys["trove_rps"] and keys["litellm_rps"]:
+        keys["trove_over_litellm_rps"] = round(keys["trove_rps"] / keys["litellm_rps"], 1)
+    if keys["trove_rps"] and keys["direct_rps"]:
+        keys["trove_over_direct_rps"] = round(keys["trove_rps"] / keys["direct_rps"], 3)
+    if litellm_missing:
+        keys["litellm_missing_reason"] = litellm_missing
+    return keys
+
+
+def orchestrate(requests: int, sink_kind: str, skip_litellm: bool) -> dict[str, Any]:
+    if sink_kind == "db":
+        db_sink_writer()  # fails fast, before anything starts, while it is not wired
+    workdir = Path(tempfile.mkdtemp(prefix="trove-bench-proxy-"))
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        upstream_port, trove_port = _free_port(), _free_port()
+        upstream_url, trove_url = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{trove_port}"
+        upstream_log, trove_log = workdir / "upstream.log", workdir / "trove.log"
+        processes.append(_spawn(_self("--role", "upstream", "--port", str(upstream_port)), log=upstream_log))
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        processes.append(
+            _spawn(
+                _self(
+                    "--role",
+                    "trove",
+                    "--port",
+                    str(trove_port),
+                    "--upstream",
+                    upstream_url,
+                    "--sink",
+                    sink_kind,
+                ),
+                env=env,
+                log=trove_log,
+            )
+        )
+        _wait_ready(f"{upstream_url}/v1/models", processes[0], upstream_log, timeout=30)
+        _wait_ready(f"{trove_url}/healthz", processes[1], trove_log, timeout=60)
+        litellm_url, litellm_missing = None, "skipped (--skip-litellm)"
+        if not skip_litellm:
+            litellm, litellm_url, litellm_missing = _start_litellm(workdir, upstream_url)
+            if litellm is not None:
+                processes.append(litellm)
+        results: dict[str, Any] = {}
+        results["direct"] = _measure(f"{upstream_url}/v1/chat/completions", requests)
+        results["trove"] = _measure(f"{trove_url}/r/{TOKEN}/v1/chat/completions", requests)
+        results["litellm"] = _measure(f"{litellm_url}/v1/chat/completions", requests) if litellm_url else None
+        expected = _sent(results["trove"])
+        recorded_fraction = round(_recorded(trove_url, expected) / expected, 4)
+        for name, phases in results.items():
+            for phase, figures in (phases or {}).items():
+                print(f"{name:8s} {phase:9s} {json.dumps(figures)}")
+        return _keys(results, recorded_fraction, litellm_missing)
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--role", choices=["orchestrate", "upstream", "trove", "loadgen"], default="orchestrate"
+    )
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--upstream")
+    parser.add_argument("--url")
+    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
+    parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--sink", choices=["count", "db"], default="count")
+    parser.add_argument("--skip-litellm", action="store_true")
+    args = parser.parse_args()
+    if args.role == "upstream":
+        role_upstream(args.port)
+    elif args.role == "trove":
+        role_trove(args.port, args.upstream, args.sink)
+    elif args.role == "loadgen":
+        role_loadgen(args.url, requests=args.requests, concurrency=args.concurrency, stream=args.stream)
+    else:
+        print(json.dumps(orchestrate(args.requests, args.sink, args.skip_litellm)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""One pass from runs to files and a manifest.
+
+`distill` is what the build service calls with runs streamed out of the database: every row is made,
+counted and written as it comes, into one JSONL.gz and one Parquet file per split. Order the runs by task
+key (pairwise sets and negative balancing need it; the other kinds do not care, but a fixed order also
+makes the files byte-identical across rebuilds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from experience.distill.credit import sft_rows
+from experience.distill.errors import EmptyDatasetError
+from experience.distill.manifest import ManifestBuilder
+from experience.distill.pairwise import pairwise_rows
+from experience.distill.schemas import schema_for_kind
+from experience.distill.source import SourceRun
+from experience.distill.spec import DatasetSpec
+from experience.distill.values import outcome_rows, value_rows
+from experience.distill.writers import JsonlGzWriter, ParquetRowWriter, WriteResult
+
+Row = dict[str, Any]
+FORMATS = ("jsonl", "parquet")
+
+_ROW_MAKERS: dict[str, Callable[[Iterable[SourceRun], DatasetSpec], Iterator[Row]]] = {
+    "value": value_rows,
+    "outcome": outcome_rows,
+    "pairwise": pairwise_rows,
+    "sft": sft_rows,
+}
+
+
+def rows_for(runs: Iterable[SourceRun], spec: DatasetSpec) -> Iterator[Row]:
+    """The rows of the spec's kind, streamed."""
+    return _ROW_MAKERS[spec.kind](runs, spec)
+
+
+class _SplitFiles:
+    """Writers per (split, format), opened on a split's first row, so empty splits leave no files."""
+
+    def __init__(
+        self, out_dir: Path, spec: DatasetSpec, formats: tuple[str, ...], row_group_rows: int
+    ) -> None:
+        self._out_dir = out_dir
+        self._spec = spec
+        self._formats = formats
+        self._row_group_rows = row_group_rows
+        self._writers: dict[str, list[JsonlGzWriter | ParquetRowWriter]] = {}
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        split = str(row["split"])
+        if split not in self._writers:
+            self._writers[split] = [self._open(split, fmt) for fmt in self._formats]
+        for writer in self._writers[split]:
+            writer.write(row)
+
+    def _open(self, split: str, fmt: str) -> JsonlGzWriter | ParquetRowWriter:
+        if fmt == "jsonl":
+            return JsonlGzWriter(self._out_dir / f"{split}.jsonl.gz")
+        schema = schema_for_kind(self._spec.kind)
+        return ParquetRowWriter(
+            self._out_dir / f"{split}.parquet", schema=schema, row_group_rows=self._row_group_rows
+        )
+
+    def close(self) -> list[WriteResult]:
+        return [writer.close() for writers in self._writers.values() for writer in writers]
+
+
+def distill(
+    runs: Iterable[SourceRun],
+    spec: DatasetSpec,
+    *,
+    out_dir: str | Path,
+    label_versions: Mapping[str, str] | None = None,
+    curation_version: str = "",
+    formats: tuple[str, ...] = FORMATS,
+    row_group_rows: int = 10_000,
+) -> dict[str, Any]:
+    """Build a dataset version into `out_dir` and return its manifest (with a `files` list).
+
+    Raises `EmptyDatasetError` (after removing any file it wrote) when the spec matched no rows.
+    """
+    directory = Path(out_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    builder = ManifestBuilder(spec, label_versions=label_versions, curation_version=curation_version)
+    files = _SplitFiles(directory, spec, formats, row_group_rows)
+    try:
+        for row in builder.wrap(rows_for(builder.track(runs), spec)):
+            files.write(row)
+    finally:
+        results = files.close()
+    try:
+        manifest = builder.finish()
+    except EmptyDatasetError:
+        for result in results:
+            Path(result.path).unlink(missing_ok=True)
+        raise
+    manifest["files"] = [_describe(result) for result in sorted(results, key=lambda r: r.path)]
+    return manifest
+
+
+def _describe(result: WriteResult) -> dict[str, Any]:
+    return {
+        "name": Path(result.path).name,
+        "rows": result.rows,
+        "bytes": result.bytes,
+        "sha256": _file_sha256(Path(result.path)),
+    }
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,161 @@
+"""Value rows (one per decision point) and outcome rows (one per run).
+
+Targets. A run with T decisions and return R (its reward, else 1 for success and 0 for failure) gives
+decision t (numbered 1..T in run order) the target
+
+    target_value = gamma ** (T - t) * R
+
+so the last action gets gamma**0 * R = R and each earlier action is discounted once more per remaining
+decision: the value of the state-action pair under the policy that produced the run.
+
+Context. Decision t's context is what the model saw when it chose: its model call's request messages if
+recorded, else the conversation rebuilt from the steps before it (see `chat`). It is cut to the spec's
+token budget from the front, always keeping the system messages and the task. The action is the
+assistant message the decision produced, kept whole and outside the budget.
+
+Rubric labels and stats on a value row describe the state before the action (steps before the decision),
+so nothing in a row's inputs depends on the action's own outcome.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from experience.distill import chat
+from experience.distill.decisions import Decision, decision_points
+from experience.distill.rubric import RubricState, labels_of, rubric
+from experience.distill.selection import selected_runs
+from experience.distill.source import SourceRun, run_return, run_success
+from experience.distill.spec import DatasetSpec
+from experience.distill.splits import split_for_task
+from experience.records import TrajectoryRecord
+
+Row = dict[str, Any]
+STATS_KEYS = (
+    "actions_before",
+    "errors_before",
+    "test_runs_before",
+    "passed_test_runs_before",
+    "source_edits_before",
+    "context_tokens",
+    "context_dropped",
+)
+
+
+def target_value(reward: float, t: int, step_count: int, gamma: float) -> float:
+    """gamma ** (T - t) * R for decision t of T (1-based)."""
+    if not 1 <= t <= step_count:
+        raise ValueError(f"decision {t} is outside 1..{step_count}")
+    return float(gamma ** (step_count - t) * reward)
+
+
+def value_rows(runs: Iterable[SourceRun], spec: DatasetSpec) -> Iterator[Row]:
+    """One row per decision point of every selected run. Streams run by run (task by task when the spec
+    balances negatives, which needs input ordered by task key)."""
+    for run in selected_runs(runs, spec):
+        yield from run_value_rows(run, spec)
+
+
+def outcome_rows(runs: Iterable[SourceRun], spec: DatasetSpec) -> Iterator[Row]:
+    """One row per selected run: the whole conversation (cut to the budget) and whether it succeeded."""
+    for run in selected_runs(runs, spec):
+        row = run_outcome_row(run, spec)
+        if row is not None:
+            yield row
+
+
+def run_value_rows(run: SourceRun, spec: DatasetSpec) -> Iterator[Row]:
+    """The value rows of one run (none when it has no decisions or no outcome)."""
+    record = run.record
+    reward = run_return(record)
+    if reward is None:
+        return
+    base = _base_fields(run, spec, "value")
+    outcome = bool(run_success(record))
+    for inputs in decision_inputs(record, spec):
+        target = target_value(reward, inputs["step_index"], inputs["step_count"], spec.gamma)
+        yield base | inputs | {"target_value": target, "outcome": outcome, "reward": reward}
+
+
+def decision_inputs(record: TrajectoryRecord, spec: DatasetSpec) -> Iterator[Row]:
+    """What a value model sees at each decision (no targets): context, action, rubric labels and
+    stats before the action. Works on runs with no outcome yet, for scoring."""
+    decisions = decision_points(record)
+    if not decisions:
+        return
+    scored = rubric(record)
+    entries = chat.rebuild_conversation(record, decisions)
+    entry_steps = [entry.step_index for entry in entries]
+    for decision in decisions:
+        context, known_total = decision_context(record, decision, entries, entry_steps)
+        cut = chat.truncate(
+            context, spec.context_budget_tokens, instruction=record.instruction, known_total=known_total
+        )
+        state = scored.state_before(decision.first_step)
+        yield {
+            "step_index": decision.t,
+            "step_count": len(decisions),
+            "record_step": decision.first_step,
+            "messages": cut.messages,
+            "action": chat.decision_message(record, decision),
+            "rubric": labels_of(state),
+            "stats": _stats(state, cut, actions_before=decision.t - 1),
+        }
+
+
+def run_outcome_row(run: SourceRun, spec: DatasetSpec) -> Row | None:
+    record = run.record
+    decisions = decision_points(record)
+    if not decisions:
+        return None
+    scored = rubric(record)
+    messages = [entry.message for entry in chat.conversation(record, decisions)]
+    cut = chat.truncate(messages, spec.context_budget_tokens, instruction=record.instruction)
+    return _base_fields(run, spec, "outcome") | {
+        "step_count": len(decisions),
+        "messages": cut.messages,
+        "outcome": bool(run_success(record)),
+        "reward": run_return(record),
+        "rubric": scored.run_labels,
+        "stats": _stats(scored.final_state, cut, actions_before=len(decisions)),
+    }
+
+
+def decision_context(
+    record: TrajectoryRecord, decision: Decision, entries: list[chat.Entry], entry_steps: list[int]
+) -> tuple[list[chat.Message], int | None]:
+    """(messages the model saw before deciding, the prompt token count if the call recorded it)."""
+    if decision.model_call is not None:
+        call = record.steps[decision.model_call]
+        if call.request_messages:
+            return [message.as_openai() for message in call.request_messages], call.tokens_in
+    cut = bisect.bisect_left(entry_steps, decision.first_step)
+    return [entry.message for entry in entries[:cut]], None
+
+
+def _base_fields(run: SourceRun, spec: DatasetSpec, kind: str) -> Row:
+    group, split = split_for_task(run.task_key, spec)
+    return {
+        "kind": kind,
+        "trajectory_id": run.trajectory_id,
+        "task_key": run.task_key,
+        "task_set": run.record.task_set,
+        "group_key": group,
+        "split": split,
+    }
+
+
+def _stats(state: RubricState, cut: chat.Truncated, *, actions_before: int) -> dict[str, int]:
+    """Counts a value model may use: the state before the action (at the end, for outcome rows)."""
+    values = (
+        actions_before,
+        state.errors,
+        state.test_runs,
+        state.passed_test_runs,
+        state.source_edits,
+        cut.tokens,
+        cut.dropped,
+    )
+    return dict(zip(STATS_KEYS, values, strict=True))

@@ -1,0 +1,148 @@
+"""Importers: read agent trajectories written by other harnesses into TrajectoryRecords. ORM-free.
+
+Formats (registry key -> module): `trove` (Trove's own JSONL export), `atif` (Harbor's Agent Trajectory
+Interchange Format), `inspect` (Inspect AI .json and .eval logs), `mini_swe_agent` (.traj.json),
+`swe_agent` (.traj), `openhands` (evaluation output.jsonl and event-stream .json), `openai_messages`
+(JSONL of OpenAI-format conversations). Each module exposes
+`detect(path, head: bytes) -> bool` and `parse(path, *, name=None) -> Iterator[TrajectoryRecord]`.
+
+Use:
+    fmt = detect_format(path)                       # or raises ImportFormatError
+    for record in iter_records(path, name="runs/output.jsonl"):
+        ...
+
+Contract for callers that must write all or nothing per file:
+- `iter_records` streams: it parses one run at a time (a JSONL of 10,000 runs is never held whole; an
+  .eval archive is read one sample member at a time) and every record it yields has passed
+  `validate_record` in full. A fault later in the file raises only when the iteration reaches it, after
+  earlier records were yielded. So either consume it inside one database transaction, which the error
+  rolls back, or run `validate_file(path)` first (a full pass that keeps nothing) and write on a second
+  pass, or use `read_all` for files small enough to hold in memory.
+- Errors are ImportFormatError (not this format, truncated, corrupted, not JSON, a bad zip) and
+  ImportValidationError (a run lacks a field or has one of the wrong type). Both name the file and, where
+  known, the line, record index and field, e.g. "output.jsonl line 3: field 'history' missing".
+- `name` is the file's name inside each record's source_ref (default: parent folder / file name). When
+  importing a tree, pass the path relative to the tree's root so refs stay stable wherever it is copied.
+  source_ref is stable per run, so re-importing the same file is a no-op for the ingest service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+from experience.importers import (
+    atif,
+    inspect,
+    mini_swe_agent,
+    openai_messages,
+    openhands,
+    swe_agent,
+    trove,
+)
+from experience.importers.base import Location, first_json_line, iter_jsonl, load_json_document, read_head
+from experience.importers.errors import ImportFormatError, ImportValidationError, TrajectoryImportError
+from experience.importers.validate import validate_record
+from experience.records import TrajectoryRecord
+
+
+class Importer(Protocol):
+    FORMAT: str
+
+    def detect(self, path: Path, head: bytes) -> bool: ...
+
+    def parse(self, path: Path, *, name: str | None = None) -> Iterator[TrajectoryRecord]: ...
+
+
+# Most specific first: a Trove export or an ATIF file would also pass looser checks further down.
+REGISTRY: dict[str, Importer] = {
+    module.FORMAT: module  # type: ignore[misc]
+    for module in (trove, atif, inspect, mini_swe_agent, swe_agent, openhands, openai_messages)
+}
+
+_EXPECTED = (
+    "a Trove export (.jsonl), an ATIF trajectory (.json), an Inspect AI log (.json or .eval), a mini-swe-agent "
+    "trajectory (.traj.json), a SWE-agent trajectory (.traj), OpenHands output.jsonl or event-stream .json, "
+    "or a JSONL of OpenAI-format conversations"
+)
+
+# Faults of a corrupted file that get past the format checks surface as these while a parser walks it.
+_PARSE_FAULTS = (TypeError, ValueError, KeyError, AttributeError, IndexError)
+
+
+def detect_format(path: str | Path) -> str:
+    """The registry key of the file's format. Raises ImportFormatError naming the file when none matches."""
+    path = Path(path)
+    head = read_head(path)
+    if not head.strip():
+        raise ImportFormatError(path, "the file is empty")
+    for key, importer in REGISTRY.items():
+        if importer.detect(path, head):
+            return key
+    problem = _json_problem(path) if head.lstrip()[:1] in (b"{", b"[") else None
+    if problem:  # say why, rather than only that nothing matched: a cut file loses the keys detection reads
+        raise ImportFormatError(path, f"format not recognised, and {problem}")
+    raise ImportFormatError(path, f"format not recognised; expected {_EXPECTED}")
+
+
+def _json_problem(path: Path) -> str | None:
+    """Why a JSON-looking file does not parse (truncated, corrupted), or None when it is valid JSON / JSONL."""
+    try:
+        load_json_document(path)
+        return None
+    except ImportFormatError as whole:
+        if first_json_line(read_head(path)) is None:
+            return f"it is not valid JSON: {whole.problem}"
+    try:
+        for _ in iter_jsonl(path):
+            pass
+    except ImportFormatError as line:
+        return f"line {line.line} is not valid JSON: {line.problem}"
+    return None
+
+
+def iter_records(
+    path: str | Path, format: str | None = None, *, name: str | None = None
+) -> Iterator[TrajectoryRecord]:
+    """Yield the file's runs one at a time, each fully validated. See the module docstring's contract."""
+    path = Path(path)
+    key = format or detect_format(path)
+    if key not in REGISTRY:
+        raise ImportFormatError(path, f"unknown format {key!r}; known: {', '.join(REGISTRY)}")
+    index = -1
+    try:
+        for index, record in enumerate(REGISTRY[key].parse(path, name=name)):
+            yield validate_record(record, Location(path, record=index))
+    except TrajectoryImportError:
+        raise
+    except _PARSE_FAULTS as exc:
+        raise ImportValidationError(
+            path, f"cannot be read as {key} ({type(exc).__name__}: {exc})", record=index + 1
+        ) from exc
+
+
+def read_all(path: str | Path, format: str | None = None, *, name: str | None = None) -> list[TrajectoryRecord]:
+    """Every run of the file, or an error and nothing. Holds them all: for files that fit in memory."""
+    return list(iter_records(path, format, name=name))
+
+
+def validate_file(path: str | Path, format: str | None = None, *, name: str | None = None) -> int:
+    """A full dry pass: raise the first fault of the file, else return how many runs it holds."""
+    count = 0
+    for _ in iter_records(path, format, name=name):
+        count += 1
+    return count
+
+
+__all__ = [
+    "REGISTRY",
+    "ImportFormatError",
+    "ImportValidationError",
+    "Importer",
+    "TrajectoryImportError",
+    "detect_format",
+    "iter_records",
+    "read_all",
+    "validate_file",
+]

@@ -1,0 +1,42 @@
+"""Trove's own JSONL export (see experience.exporters.trove_jsonl), read back exactly as written.
+
+Records keep their original source, source_format, source_version and source_ref, so importing an export
+into another Trove (or the same one) dedups against the runs it came from.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from experience.exporters.trove_jsonl import FORMAT_MARKER, MARKER_KEY, record_from_dict
+from experience.importers.base import Location, iter_jsonl
+from experience.records import TrajectoryRecord
+
+FORMAT = "trove"
+_MARKER = re.compile(rb'^\s*\{\s*"' + MARKER_KEY.encode() + rb'"\s*:\s*"trove-trajectory-')
+
+
+def detect(path: Path, head: bytes) -> bool:
+    return bool(_MARKER.match(head))
+
+
+def parse(path: Path, *, name: str | None = None) -> Iterator[TrajectoryRecord]:
+    for record_index, (line, obj) in enumerate(iter_jsonl(path)):
+        loc = Location(path, line=line, record=record_index)
+        if not isinstance(obj, dict):
+            raise loc.invalid(None, "each line must be a JSON object")
+        if obj.get(MARKER_KEY) != FORMAT_MARKER:
+            raise loc.invalid(MARKER_KEY, f"must be {FORMAT_MARKER!r}, got {obj.get(MARKER_KEY)!r}")
+        yield _decode(obj, loc)
+
+
+def _decode(obj: dict, loc: Location) -> TrajectoryRecord:
+    try:
+        return record_from_dict(obj)
+    except KeyError as exc:
+        raise loc.invalid(str(exc.args[0]), "missing") from None
+    except (TypeError, ValueError) as exc:
+        field, _, problem = str(exc).partition(": ")
+        raise loc.invalid(field, problem or "has the wrong type") from None

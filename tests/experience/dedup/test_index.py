@@ -1,0 +1,154 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from experience.dedup.index import VectorIndex, ivf_list_count, recall_at_k
+
+DIM = 48
+
+
+def clustered(count: int, *, seed: int = 0, families: int = 400, spread: float = 0.6) -> np.ndarray:
+    """Unit vectors around `families` random centres: the shape real embeddings have."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((families, DIM))
+    vectors = centres[rng.integers(0, families, count)] + spread * rng.standard_normal((count, DIM))
+    return unit(vectors)
+
+
+def unit(vectors: np.ndarray) -> np.ndarray:
+    vectors = np.asarray(vectors, dtype=np.float32)
+    return vectors / np.linalg.norm(vectors, axis=-1, keepdims=True)
+
+
+def brute_force(ids: np.ndarray, vectors: np.ndarray, queries: np.ndarray, k: int):
+    scores = queries @ vectors.T
+    order = np.argsort(-scores, axis=1)[:, :k]
+    return np.take_along_axis(scores, order, axis=1), ids[order]
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[np.ndarray, np.ndarray]:
+    vectors = clustered(30_000)
+    return np.arange(1, len(vectors) + 1, dtype=np.int64) * 3, vectors  # sparse ids, as a database hands out
+
+
+def test_a_small_index_is_exact(data):
+    ids, vectors = data[0][:3000], data[1][:3000]
+    index = VectorIndex(DIM)
+    index.add(ids, vectors)
+    queries = clustered(50, seed=7)
+
+    scores, found = index.search(queries, 10)
+    truth_scores, truth_ids = brute_force(ids, vectors, queries, 10)
+
+    assert index.kind == "flat"
+    np.testing.assert_array_equal(found, truth_ids)
+    np.testing.assert_allclose(scores, truth_scores, rtol=1e-5)
+
+
+def test_past_the_threshold_it_becomes_ivf_with_recall_of_99_percent_on_new_queries(data):
+    ids, vectors = data
+    index = VectorIndex(DIM, exact_threshold=5_000)
+    for start in range(0, len(ids), 2_500):  # grown the way ingest grows it
+        index.add(ids[start : start + 2_500], vectors[start : start + 2_500])
+    queries = unit(vectors[::300] + 0.05 * np.random.default_rng(3).standard_normal((100, DIM)))  # near-dups
+
+    scores, found = index.search(queries, 10)
+    truth_scores, truth_ids = brute_force(ids, vectors, queries, 10)
+
+    assert index.kind == "ivf" and len(index) == len(ids)
+    assert index.nlist == ivf_list_count(index.trained_size)
+    assert index.measured_recall >= 0.99
+    assert recall_at_k(found, scores, truth_ids, truth_scores, k=10) >= 0.98
+
+
+def test_growth_keeps_every_vector_and_retrains_for_the_larger_size(data):
+    ids, vectors = data
+    index = VectorIndex(DIM, exact_threshold=2_000)
+    index.add(ids[:3_000], vectors[:3_000])
+    first_lists = index.nlist
+    index.add(ids[3_000:], vectors[3_000:])
+
+    held_ids, held_vectors = index.contents()
+    order = np.argsort(held_ids)
+
+    assert index.nlist > first_lists and index.trained_size == len(ids)
+    np.testing.assert_array_equal(held_ids[order], ids)
+    np.testing.assert_array_equal(held_vectors[order], vectors)
+
+
+@pytest.mark.parametrize("threshold", [100_000, 5_000], ids=["flat", "ivf"])
+def test_removed_ids_are_never_returned_and_absent_ids_are_ignored(data, threshold):
+    ids, vectors = data[0][:12_000], data[1][:12_000]
+    index = VectorIndex(DIM, exact_threshold=threshold)
+    index.add(ids, vectors)
+    gone = ids[:500]
+
+    removed = index.remove(np.concatenate([gone, [10**12]]))
+    _, found = index.search(vectors[:500], 5)
+
+    assert removed == 500 and len(index) == len(ids) - 500
+    assert not np.isin(found, gone).any()
+    with pytest.raises(KeyError):
+        index.vectors(gone[:1])
+
+
+def test_adding_an_id_again_replaces_its_vector(data):
+    ids, vectors = data[0][:100], data[1][:100]
+    index = VectorIndex(DIM)
+    index.add(ids, vectors)
+
+    index.add(ids[:1], vectors[50:51])
+
+    assert len(index) == 100
+    np.testing.assert_array_equal(index.vectors(ids[:1]), vectors[50:51])
+
+
+def test_the_high_water_mark_is_the_largest_id_ever_added():
+    index = VectorIndex(DIM)
+    assert index.high_water_mark == -1
+
+    index.add(np.array([7, 3]), clustered(2))
+    index.add(np.array([5]), clustered(1, seed=1))
+    assert index.high_water_mark == 7
+
+    index.remove(np.array([7]))
+    assert index.high_water_mark == 7  # the store must not hand back what was removed on purpose
+
+    index.rebuild(np.array([2, 4]), clustered(2, seed=2))
+    assert index.high_water_mark == 4 and len(index) == 2
+
+
+@pytest.mark.parametrize("threshold", [100_000, 5_000], ids=["flat", "ivf"])
+def test_save_and_load_round_trip_search_results_and_state(tmp_path, data, threshold):
+    ids, vectors = data[0][:8_000], data[1][:8_000]
+    index = VectorIndex(DIM, exact_threshold=threshold)
+    index.add(ids, vectors)
+    path = tmp_path / "cache" / "dedup.index"
+
+    index.save(path)
+    loaded = VectorIndex.load(path)
+
+    assert (loaded.kind, len(loaded), loaded.high_water_mark, loaded.nprobe) == (
+        index.kind, len(index), index.high_water_mark, index.nprobe
+    )
+    np.testing.assert_array_equal(loaded.search(vectors[:20], 10)[1], index.search(vectors[:20], 10)[1])
+    assert [p.name for p in path.parent.iterdir()] == ["dedup.index"]  # no temp file left behind
+
+
+def test_missing_neighbours_come_back_as_minus_one_with_minus_infinity():
+    index = VectorIndex(DIM)
+    index.add(np.array([1, 2]), clustered(2))
+
+    scores, found = index.search(clustered(1, seed=5), 4)
+
+    assert found[0, 2:].tolist() == [-1, -1] and np.isneginf(scores[0, 2:]).all()
+
+
+def test_vectors_of_the_wrong_shape_are_refused():
+    index = VectorIndex(DIM)
+    with pytest.raises(ValueError, match="dim 48"):
+        index.add(np.array([1]), np.zeros((1, DIM + 1), dtype=np.float32))
+    with pytest.raises(ValueError, match="unique"):
+        index.add(np.array([1, 1]), clustered(2))

@@ -1,0 +1,203 @@
+import pytest
+from distill_factories import TASK, broken_fix, careful_fix, command, message, model_call, record, source_run
+
+from experience.distill import chat
+from experience.distill.decisions import decision_points
+from experience.distill.source import SourceRun
+from experience.distill.spec import DatasetSpec
+from experience.distill.values import outcome_rows, target_value, value_rows
+from experience.records import MessageRecord, StepRecord
+
+
+def test_targets_discount_the_return_by_the_decisions_left():
+    run = source_run("r1", careful_fix()[:3], success=True)
+
+    rows = list(value_rows([run], DatasetSpec(kind="value", gamma=0.5)))
+
+    # T = 3 decisions; t = 1..3 gets 0.5 ** (3 - t) * 1
+    assert [row["step_index"] for row in rows] == [1, 2, 3]
+    assert [row["target_value"] for row in rows] == [0.25, 0.5, 1.0]
+    assert {row["step_count"] for row in rows} == {3}
+    assert all(row["outcome"] is True for row in rows)
+
+
+def test_a_recorded_reward_is_the_return_and_a_failure_is_worth_nothing():
+    graded = source_run("r1", careful_fix()[:2], success=True, reward=0.8)
+    failed = source_run("r2", careful_fix()[:2], success=False)
+
+    graded_rows = list(value_rows([graded], DatasetSpec(kind="value", gamma=0.9)))
+    failed_rows = list(value_rows([failed], DatasetSpec(kind="value", gamma=0.9)))
+
+    assert [row["target_value"] for row in graded_rows] == pytest.approx([0.72, 0.8])
+    assert [row["target_value"] for row in failed_rows] == [0.0, 0.0]
+    assert target_value(2.0, 1, 1, 0.5) == 2.0
+    with pytest.raises(ValueError):
+        target_value(1.0, 0, 3, 0.9)
+
+
+def test_a_model_call_and_the_commands_it_led_to_are_one_decision():
+    steps = [
+        message("system", "You are a careful engineer."),
+        message("user", TASK),
+        model_call("I will look first.\n```\nls\n```"),
+        command("ls", "src tests"),
+        model_call("Running two things.", tokens_in=50),
+        command("cat src/dates.py", "def parse_date(): ..."),
+        command("pytest", "3 passed"),
+        StepRecord(kind="model_call", is_error=True),
+        model_call("Done."),
+    ]
+
+    decisions = decision_points(record(steps))
+
+    assert [(d.t, d.model_call, d.actions) for d in decisions] == [(1, 2, (3,)), (2, 4, (5, 6)), (3, 8, ())]
+
+
+def test_the_context_is_the_recorded_request_when_there_is_one_else_the_rebuilt_chat():
+    request = [MessageRecord("system", "sys"), MessageRecord("user", TASK), MessageRecord("assistant", "ls")]
+    steps = [
+        message("system", "sys"),
+        message("user", TASK),
+        model_call("ls"),
+        command("ls", "src tests"),
+        model_call("cat src/dates.py", request=request),
+        command("cat src/dates.py", "def parse_date(): ..."),
+    ]
+    run = source_run("r1", steps)
+
+    first, second = value_rows([run], DatasetSpec(kind="value"))
+
+    assert first["messages"] == [{"role": "system", "content": "sys"}, {"role": "user", "content": TASK}]
+    assert first["action"] == {"role": "assistant", "content": "ls"}
+    assert second["messages"] == [m.as_openai() for m in request]
+    assert second["action"] == {"role": "assistant", "content": "cat src/dates.py"}
+
+
+def test_a_rebuilt_context_replays_actions_and_outputs_and_starts_with_the_task():
+    run = source_run("r1", careful_fix()[:3])
+
+    rows = list(value_rows([run], DatasetSpec(kind="value")))
+
+    assert rows[0]["messages"] == [{"role": "user", "content": TASK}]
+    assert rows[2]["messages"][1:] == [
+        {"role": "assistant", "content": "create reproduce.py"},
+        {"role": "user", "content": "[File: /repo/reproduce.py (1 lines total)]"},
+        {"role": "assistant", "content": careful_fix()[1].command},
+        {"role": "user", "content": "[File: /repo/reproduce.py (2 lines total)]"},
+    ]
+    assert rows[2]["action"] == {"role": "assistant", "content": "python reproduce.py"}
+
+
+def test_truncation_drops_the_oldest_turns_but_keeps_the_system_prompt_and_the_task():
+    demo = "DEMONSTRATION " + "d" * 4000
+    steps = [message("system", "s" * 400), message("user", demo), message("user", TASK)]
+    for n in range(30):
+        steps.append(command(f"cat file_{n}.py", "x" * 400))
+    run = source_run("r1", steps)
+
+    last = list(value_rows([run], DatasetSpec(kind="value", context_budget_tokens=1000)))[-1]
+    messages = last["messages"]
+
+    assert messages[0] == {"role": "system", "content": "s" * 400}
+    assert messages[1] == {"role": "user", "content": TASK}
+    assert all(m["content"] != demo for m in messages)
+    assert messages[-1] == {"role": "user", "content": "x" * 400}  # the latest output is kept
+    assert messages[-2] == {"role": "assistant", "content": "cat file_28.py"}
+    assert last["stats"]["context_tokens"] <= 1000
+    assert last["stats"]["context_dropped"] > 40
+
+
+def test_the_task_is_kept_even_when_it_alone_is_over_budget():
+    messages = [{"role": "user", "content": TASK * 100}, {"role": "assistant", "content": "ls"}]
+
+    cut = chat.truncate(messages, 10, instruction=TASK)
+
+    assert cut.messages == [messages[0]]
+    assert cut.dropped == 1
+
+
+def test_truncation_never_leaves_a_tool_answer_without_its_call():
+    messages = [
+        {"role": "user", "content": TASK},
+        {"role": "assistant", "content": "a" * 400, "tool_calls": [{"id": "1"}]},
+        {"role": "tool", "tool_call_id": "1", "content": "ok"},
+        {"role": "assistant", "content": "b"},
+    ]
+
+    cut = chat.truncate(messages, 30, instruction=TASK)
+
+    assert [m["role"] for m in cut.messages] == ["user", "assistant"]
+    assert cut.messages[-1]["content"] == "b"
+
+
+def test_a_recorded_prompt_token_count_replaces_the_character_estimate():
+    messages = [{"role": "user", "content": "a" * 400}, {"role": "user", "content": "b" * 400}]
+
+    assert chat.token_counts(messages) == [100, 100]
+    assert chat.token_counts(messages, known_total=1000) == [500, 500]
+
+
+def test_value_rows_carry_the_rubric_before_the_action_and_counts_so_far():
+    rows = list(value_rows([source_run("r1", careful_fix())], DatasetSpec(kind="value")))
+
+    before_verify = rows[5]  # decision 6 is the repro rerun that verifies the fix
+    assert before_verify["rubric"]["edited_source"] and not before_verify["rubric"]["verified_fix"]
+    assert rows[6]["rubric"]["verified_fix"]
+    assert before_verify["stats"]["errors_before"] == 1
+    assert before_verify["stats"]["actions_before"] == 5
+    assert before_verify["record_step"] == 5
+
+
+def test_outcome_rows_are_one_per_run_with_the_whole_conversation():
+    runs = [source_run("ok", careful_fix(), success=True), source_run("bad", broken_fix(), success=False)]
+
+    rows = list(outcome_rows(runs, DatasetSpec(kind="outcome")))
+
+    assert [(row["trajectory_id"], row["outcome"]) for row in rows] == [("ok", True), ("bad", False)]
+    assert len(rows[0]["messages"]) == 1 + 2 * 7
+    assert rows[0]["rubric"]["verified_fix"] and not rows[1]["rubric"]["verified_fix"]
+
+
+def test_duplicates_rejected_and_unusable_runs_are_left_out_by_default():
+    runs = [
+        source_run("kept", careful_fix()),
+        source_run("dup", careful_fix(), is_duplicate=True),
+        source_run("rejected", careful_fix(), curation="rejected"),
+        source_run("accepted", careful_fix(), curation="accepted"),
+        source_run("infra", careful_fix(), status="infra_error"),
+        source_run("unlabelled", careful_fix(), success=None),
+    ]
+
+    default = {row["trajectory_id"] for row in outcome_rows(runs, DatasetSpec(kind="outcome"))}
+    widened = {
+        row["trajectory_id"]
+        for row in outcome_rows(
+            runs, DatasetSpec(kind="outcome", include_duplicates=True, include_rejected=True)
+        )
+    }
+
+    assert default == {"kept", "accepted"}
+    assert widened == {"kept", "dup", "rejected", "accepted"}
+
+
+def test_negatives_are_capped_per_task_deterministically():
+    runs = [source_run(f"win-{n}", careful_fix(), task_key="t1", success=True) for n in range(2)]
+    runs += [source_run(f"loss-{n}", broken_fix(), task_key="t1", success=False) for n in range(9)]
+    runs += [source_run(f"hard-{n}", broken_fix(), task_key="t2", success=False) for n in range(5)]
+    spec = DatasetSpec(kind="outcome", neg_pos_ratio=1.5)
+
+    kept = [row["trajectory_id"] for row in outcome_rows(runs, spec)]
+    again = [row["trajectory_id"] for row in outcome_rows(list(runs), spec)]
+
+    t1 = [tid for tid in kept if not tid.startswith("hard")]
+    assert sum(tid.startswith("win") for tid in t1) == 2
+    assert sum(tid.startswith("loss") for tid in t1) == 3  # ceil(1.5 * 2)
+    assert sum(tid.startswith("hard") for tid in kept) == 2  # unsolved task: ceil(1.5 * 1)
+    assert kept == again
+
+
+def test_a_run_without_decisions_gives_no_rows():
+    empty = SourceRun("e", record([message("user", TASK)]))
+
+    assert list(value_rows([empty], DatasetSpec(kind="value"))) == []
+    assert list(outcome_rows([empty], DatasetSpec(kind="outcome"))) == []

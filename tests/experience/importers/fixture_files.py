@@ -1,0 +1,65 @@
+"""Paths to the real trajectory fixtures (shared folder) and to the sample files written for formats that
+have no public fixture here. TROVE_FIXTURES_DIR overrides where the fixtures live."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+FIXTURES = Path(
+    os.environ.get("TROVE_FIXTURES_DIR")
+    or Path(__file__).resolve().parents[3] / ".." / "shared" / "fixtures" / "trajectories"
+)
+SAMPLES = Path(__file__).resolve().parent / "samples"
+
+SWE_AGENT = FIXTURES / "swe-agent"
+SWE_TEST_DATA = SWE_AGENT / "tests" / "test_data" / "trajectories"
+PYDICOM = SWE_TEST_DATA / "gpt4__swe-bench-dev-easy_first_only__default__t-0.00__p-0.95__c-3.00__install-1" / "pydicom__pydicom-1458.traj"
+ALL_PREDS = PYDICOM.parent / "all_preds.jsonl"
+TEST_REPO_FC = SWE_TEST_DATA / "gpt4__swe-agent-test-repo__default_from_url__t-0.00__p-0.95__c-3.00__install-1" / "6e44b9__sweagenttestrepo-1c2844.traj"
+DEMOS = SWE_AGENT / "trajectories" / "demonstrations"
+OPENHANDS = FIXTURES / "openhands"
+MULTI_SWE = OPENHANDS / "evaluation" / "benchmarks" / "multi_swe_bench" / "examples" / "output.jsonl"
+RESOLVER = OPENHANDS / "tests" / "unit" / "resolver" / "mock_output" / "output.jsonl"
+EVENT_STREAMS = OPENHANDS / "tests" / "runtime" / "trajs"
+INSPECT = FIXTURES / "inspect-ai"
+BROWSER = INSPECT / "tests" / "analysis" / "test_logs" / "2025-05-12T20-27-36-04-00_browser.json"
+SECURITY_GUIDE = INSPECT / "tests" / "analysis" / "test_logs" / "2025-05-12T20-28-26-04-00_security-guide.json"
+EVAL_ZIP = INSPECT / "tests" / "log" / "test_eval_log" / "log_streaming.eval"
+MINI_V1 = SAMPLES / "example__calc-17.traj.json"
+MINI_V2 = SAMPLES / "django__django-11099.traj.json"
+ATIF_SAMPLE = SAMPLES / "hello-world.trajectory.json"
+CONVERSATIONS = SAMPLES / "conversations.jsonl"
+
+SWE_AGENT_FILES = sorted(SWE_AGENT.rglob("*.traj"))
+
+# Every trajectory file we can read, and the format detection must name for it.
+EXPECTED_FORMATS: dict[Path, str] = {
+    **{path: "swe_agent" for path in SWE_AGENT_FILES},
+    MULTI_SWE: "openhands",
+    RESOLVER: "openhands",
+    **{path: "openhands" for path in sorted(EVENT_STREAMS.glob("*.json"))},
+    BROWSER: "inspect",
+    SECURITY_GUIDE: "inspect",
+    EVAL_ZIP: "inspect",
+    MINI_V1: "mini_swe_agent",
+    MINI_V2: "mini_swe_agent",
+    ATIF_SAMPLE: "atif",
+    CONVERSATIONS: "openai_messages",
+}
+ALL_FILES = list(EXPECTED_FORMATS)
+
+
+def label(path: Path) -> str:
+    """A short readable test id: the last folder and the file name."""
+    return f"{path.parent.name[:40]}/{path.name}"
+
+
+def raw_json(path: Path) -> Any:
+    return json.loads(path.read_bytes())
+
+
+def raw_jsonl(path: Path) -> list[Any]:
+    return [json.loads(line) for line in path.read_bytes().splitlines() if line.strip()]

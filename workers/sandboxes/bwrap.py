@@ -1,0 +1,198 @@
+"""The bubblewrap command line and supervisor for one local sandbox. Pure functions: nothing here runs.
+
+What a sandbox sees:
+    /usr /bin /lib /lib64 /sbin   the host's (or `rootfs`'s), read-only
+    /etc                          a minimal one: generated passwd/group/hosts/nsswitch.conf plus a few host
+                                  files the dynamic linker and TLS need (all read-only); `rootfs`'s own /etc
+    /proc /dev /tmp /dev/shm      fresh (a new pid namespace's procfs, a minimal /dev, private tmpfs)
+    /workspace                    the sandbox's host workspace directory, read-write; the working directory
+    /run/trove                    the host run directory: the agent creates its socket here
+    /opt/trove/agent              the agent (bytecode, or source under a rootfs), read-only
+    /run/proxy/proxy.sock         network "proxy-only": the recording proxy's Unix socket, reached from
+                                  inside at http://127.0.0.1:18080 through the agent's forwarder
+and `/` itself is read-only. All namespaces are new (user, pid, mount, ipc, uts, cgroup, and network unless
+the policy shares the host's), no capabilities, no nested user namespaces, uid/gid 1000, a clean
+environment, its own session (no terminal injection).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+SANDBOX_UID = 1000
+WORKSPACE = "/workspace"
+RUN_DIR = "/run/trove"
+SOCKET_NAME = "agent.sock"
+AGENT_PATH = "/opt/trove/agent"  # python runs a file with a .pyc magic number as bytecode
+PROXY_SOCKET = "/run/proxy/proxy.sock"
+PROXY_PORT = 18080
+SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# Host /etc entries worth having: the loader cache (faster starts), the Debian alternatives symlinks that
+# /usr/bin points into (awk, editor, ...), the time zone and CA certificates.
+HOST_ETC = ("ld.so.cache", "alternatives", "localtime", "ssl", "ca-certificates")
+GENERATED_ETC = {
+    "passwd": "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+              "sandbox:x:1000:1000:sandbox:/tmp:/bin/bash\n"
+              "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+    "group": "root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n",
+    "hosts": "127.0.0.1 localhost sandbox\n::1 localhost ip6-localhost ip6-loopback\n",
+    "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
+}
+BASE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/tmp",  # not the workspace: tool caches there would show up in the workspace diff
+    "USER": "sandbox",
+    "LOGNAME": "sandbox",
+    "SHELL": "/bin/bash",
+    "LANG": "C.UTF-8",
+}
+
+# The supervisor: runs in its own session as a child of the creating process, joins the sandbox's cgroups
+# before it forks anything (so every sandbox process is accounted from the start), then runs bubblewrap
+# and waits for it. It deliberately does not `exec` bwrap: bwrap's --die-with-parent then refers to this
+# shell, so killing the shell takes the sandbox down, while the creator's death does not.
+# stdin carries the agent's secret through to `--secret-file -`; stdout carries the agent's ready line
+# back to the creator; stderr is the sandbox log.
+#   $1 = sandbox dir, $2 = number of cgroup dirs, then the cgroup dirs, then the bwrap command line.
+SUPERVISOR_SCRIPT = """\
+dir=$1; n=$2; shift 2
+while [ "$n" -gt 0 ]; do
+  echo $$ > "$1/cgroup.procs" || { echo "trove: cannot join cgroup $1" >&2; exit 97; }
+  n=$((n - 1)); shift
+done
+"$@" 3>"$dir/status.json"
+exit $?
+"""
+
+
+@dataclass(frozen=True)
+class SandboxPaths:
+    """Host paths of one sandbox."""
+
+    dir: str
+
+    @property
+    def meta(self) -> str:
+        return os.path.join(self.dir, "meta.json")
+
+    @property
+    def workspace(self) -> str:
+        return os.path.join(self.dir, "workspace")
+
+    @property
+    def run(self) -> str:
+        return os.path.join(self.dir, "run")
+
+    @property
+    def socket(self) -> str:
+        return os.path.join(self.run, SOCKET_NAME)
+
+    @property
+    def log(self) -> str:
+        return os.path.join(self.dir, "bwrap.log")
+
+    @property
+    def status(self) -> str:
+        return os.path.join(self.dir, "status.json")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything one sandbox's command line depends on."""
+
+    name: str
+    paths: SandboxPaths
+    shared_dir: str  # holds agent.py (and agent.pyc, compiled for `python`) and etc/
+    python: str  # path of python3 inside the sandbox
+    rootfs: str = ""
+    share_net: bool = False
+    proxy_socket: str = ""  # host path, for network "proxy-only"
+    tmp_size_mb: int | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def supervisor_argv(launch: Launch, *, cgroup_dirs: list[str], bwrap: str, setpriv: list[str]) -> list[str]:
+    """`sh -c SUPERVISOR_SCRIPT ...`; `setpriv` is the privilege-dropping prefix (empty when not root)."""
+    return ["/bin/sh", "-c", SUPERVISOR_SCRIPT, "trove-sandbox", launch.paths.dir, str(len(cgroup_dirs)),
+            *cgroup_dirs, *setpriv, bwrap, *bwrap_args(launch)]
+
+
+def bwrap_args(launch: Launch) -> list[str]:
+    """bubblewrap's options and the agent command (see the module docstring for the resulting view)."""
+    return [
+        *namespace_args(launch.share_net),
+        *environment_args(launch),
+        *system_binds(launch.rootfs or "/"),
+        *etc_binds(launch),
+        "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm",
+        *(["--size", str(launch.tmp_size_mb * 1024 * 1024)] if launch.tmp_size_mb else []),
+        "--tmpfs", "/tmp",
+        "--bind", launch.paths.workspace, WORKSPACE,
+        "--bind", launch.paths.run, RUN_DIR,
+        "--ro-bind", os.path.join(launch.shared_dir, agent_file(launch)), AGENT_PATH,
+        *(["--ro-bind", launch.proxy_socket, PROXY_SOCKET] if launch.proxy_socket else []),
+        "--remount-ro", "/",
+        "--chdir", WORKSPACE,
+        "--json-status-fd", "3",
+        "--",
+        *agent_command(launch),
+    ]
+
+
+def namespace_args(share_net: bool) -> list[str]:
+    return [
+        "--unshare-all", "--unshare-user", "--disable-userns", *(["--share-net"] if share_net else []),
+        "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+        "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
+    ]
+
+
+def environment_args(launch: Launch) -> list[str]:
+    env = {**BASE_ENV, "TROVE_SANDBOX": launch.name}
+    if launch.proxy_socket:
+        env["TROVE_PROXY_URL"] = f"http://127.0.0.1:{PROXY_PORT}"
+    env.update(launch.env)
+    args = ["--clearenv"]
+    for key, value in env.items():
+        args += ["--setenv", key, value]
+    return args
+
+
+def system_binds(base: str) -> list[str]:
+    """Read-only binds of the system directories of `base` ("/" for the host); symlinks such as
+    /bin -> usr/bin (merged /usr) are recreated as symlinks."""
+    args: list[str] = []
+    for name in SYSTEM_DIRS:
+        source = os.path.join(base, name)
+        if os.path.islink(source):
+            args += ["--symlink", os.readlink(source), f"/{name}"]
+        elif os.path.isdir(source):
+            args += ["--ro-bind", source, f"/{name}"]
+    return args
+
+
+def etc_binds(launch: Launch) -> list[str]:
+    if launch.rootfs:
+        return ["--ro-bind", os.path.join(launch.rootfs, "etc"), "/etc"]
+    args: list[str] = []
+    for name in GENERATED_ETC:
+        args += ["--ro-bind", os.path.join(launch.shared_dir, "etc", name), f"/etc/{name}"]
+    for name in HOST_ETC + (("resolv.conf",) if launch.share_net else ()):
+        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    return args
+
+
+def agent_file(launch: Launch) -> str:
+    """The agent as bytecode compiled for the host's python (saves ~8 ms of CPU per start: compiling
+    agent.py is most of its start-up cost); as source under a `rootfs`, whose python may differ."""
+    return "agent.py" if launch.rootfs else "agent.pyc"
+
+
+def agent_command(launch: Launch) -> list[str]:
+    # -I -S: no user site, no site-packages, no environment influence, and a faster start.
+    command = [launch.python, "-I", "-S", AGENT_PATH, "--listen", f"unix:{RUN_DIR}/{SOCKET_NAME}",
+               "--secret-file", "-", "--workspace", WORKSPACE]
+    if launch.proxy_socket:
+        command += ["--forward", f"tcp:127.0.0.1:{PROXY_PORT}=unix:{PROXY_SOCKET}"]
+    return command

@@ -1,0 +1,610 @@
+"""Local sandbox backend: one bubblewrap sandbox per SandboxSpec, driven through the in-sandbox agent.
+
+On disk, under `root` (0711, owned by the user running Trove):
+    <name>/meta.json     labels, secret, cgroup directories, supervisor pid and start time (0600)
+    <name>/workspace/    bound read-write at /workspace (owned by the sandbox's host uid)
+    <name>/run/          bound at /run/trove; the agent's socket appears here once it is ready
+    <name>/bwrap.log     stderr of the supervisor, bubblewrap and the agent
+    <name>/status.json   bubblewrap's --json-status-fd output (child pid, namespace ids, exit code)
+    .shared/             agent.py and the generated /etc files, bound read-only into every sandbox
+Nothing under <name>/ is visible inside the sandbox except workspace/ and run/.
+
+Process design. A sandbox is created by one process (a Celery worker, the reconciler) and used and destroyed
+by others, and workers die and restart; so a sandbox must not depend on its creator staying alive. The
+creator starts a small supervisor, `sh` in its own session (`setsid`), which joins the sandbox's cgroups
+before forking and then runs bubblewrap and waits for it. bwrap's --die-with-parent ties the sandbox to
+that supervisor, not to the creator: killing the supervisor takes the sandbox down; the creator dying (or
+the thread that called create() exiting) does not. Nothing reaps a sandbox on its own: it lives until
+destroy(), and the reconciler finds every sandbox by label through list() (which reports one whose
+processes died as "failed").
+The supervisor is the creator's child, and the creator reaps it (every call sweeps finished supervisors);
+if the creator died first, it is reparented to pid 1, which must reap orphans (systemd, tini,
+`docker run --init` / compose `init: true` all do).
+
+Killing: destroy() SIGKILLs the pid namespace's init (bwrap's child, found via status.json and checked by
+its namespace id; the kernel then kills every process in the namespace), the supervisor and bwrap (checked
+by start time against pid reuse), and every process left in the sandbox's cgroups; then removes the
+cgroups and the directory, and verifies that none of it is left. bwrap's mounts live in the sandbox's own
+mount namespace and vanish with its last process; the host mount table never sees them.
+
+Privileges: when Trove runs as root, bubblewrap runs as the unprivileged host uid `host_uid` (via setpriv),
+mapped to uid 1000 inside. Without that, uid 1000 inside would map to host root, and root owns most host
+files: a sandbox escape, or a writable bind, would act as root's file owner. When Trove runs as an ordinary
+user, or `host_uid=None`, bubblewrap runs as the current user (unprivileged user namespaces). bwrap opens
+bind sources as that uid, so `root` must be reachable by it: under a root whose parent directories are not
+searchable by `host_uid` (pytest's 0700 basetemp, say) the backend warns and runs as the current user.
+
+Network: "none" (and "proxy-only" without a proxy socket) keeps an empty network namespace (loopback only).
+"proxy-only" with `spec.proxy_socket` binds that Unix socket in and the agent forwards
+127.0.0.1:18080 inside to it (TROVE_PROXY_URL in the sandbox's environment). "allow-list" cannot be
+enforced locally: it is refused unless the backend was built with `allow_host_network=True`, in which case
+the sandbox shares the host network without filtering.
+
+Limits: memory, pids and CPU through cgroups (see cgroups.py; `limits_enforced` says whether the host
+allows them). `disk_mb` sizes the /tmp tmpfs only; the workspace is a host directory without a quota.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import secrets
+import select
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+from workers.sandboxes import bwrap, procs
+from workers.sandboxes.agent_client import AgentClient
+from workers.sandboxes.base import (
+    AgentUnavailable,
+    ExecResult,
+    SandboxBackend,
+    SandboxError,
+    SandboxHandle,
+    SandboxNotFound,
+    SandboxSpec,
+    SandboxStartFailed,
+)
+from workers.sandboxes.cgroups import CgroupError, CgroupManager, Limits, kill_and_remove
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ROOT = "var/sandboxes"
+# An otherwise unused host uid for sandbox processes (in Debian's "allocated on demand" range).
+DEFAULT_HOST_UID = 64999
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+AGENT_SOURCE = Path(__file__).with_name("agent.py")
+UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
+LOG_TAIL = 4000
+KILL_TIMEOUT = 10.0
+SUPERVISOR_EXIT_GRACE = 5.0  # after the namespace init is killed, bwrap and the supervisor exit in ms
+
+# Supervisors started by this process, by sandbox directory, so that they can be reaped (see module doc).
+_supervisors: dict[str, subprocess.Popen] = {}
+_supervisors_lock = threading.Lock()
+
+
+class LocalBackend(SandboxBackend):
+    """Bubblewrap sandboxes under `root`. Thread-safe; several processes may share one `root`."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] = DEFAULT_ROOT,
+        *,
+        host_uid: int | None = DEFAULT_HOST_UID,
+        cgroup_parent: str = "trove",
+        default_pids: int | None = 1024,
+        default_memory_mb: int | None = None,
+        default_cpu: float | None = None,
+        allow_host_network: bool = False,
+        bwrap_path: str = "/usr/bin/bwrap",
+        python: str = "/usr/bin/python3",
+        setpriv: str = "/usr/bin/setpriv",
+    ) -> None:
+        self.root = os.path.abspath(root)
+        self.host_uid: int | None = host_uid if os.geteuid() == 0 else None
+        self.defaults = Limits(cpu=default_cpu, memory_mb=default_memory_mb, pids=default_pids)
+        self.allow_host_network = allow_host_network
+        self.bwrap_path = bwrap_path
+        self.python = python
+        self.setpriv = setpriv
+        self.cgroups = CgroupManager(cgroup_parent)
+        self.limits_enforced = self.cgroups.enforced
+        self.shared_dir = os.path.join(self.root, ".shared")
+        self._prepare_root()
+
+    # ------------------------------------------------------------ interface
+
+    def create(self, spec: SandboxSpec, *, wait: bool = True, timeout: float = 60.0) -> SandboxHandle:
+        """Idempotent by name: if `spec.name` exists, returns it (waiting for it with `wait`). With `wait`,
+        returns once the agent answers a ping, else destroys everything and raises SandboxStartFailed."""
+        check_name(spec.name)
+        _sweep_supervisors()
+        paths = self._paths(spec.name)
+        try:
+            os.mkdir(paths.dir, 0o711)  # the atomic claim of the name among racing creators
+        except FileExistsError:
+            return self._existing(spec.name, wait=wait, timeout=timeout)
+        try:
+            meta = self._launch(spec, paths)
+        except SandboxStartFailed:
+            self.destroy(spec.name)
+            raise
+        except Exception as exc:
+            self.destroy(spec.name)
+            raise SandboxStartFailed(f"sandbox {spec.name} could not start: {exc}", reason="launch") from exc
+        supervisor = _our_supervisor(paths, meta)
+        if not wait:
+            _close_ready_pipe(supervisor)
+            return self._handle(spec.name, meta, state="provisioning")
+        return self._await_ready(spec.name, meta, timeout=timeout, ready_pipe=supervisor)
+
+    def get(self, name: str) -> SandboxHandle:
+        check_name(name)
+        paths = self._paths(name)
+        meta = _read_json(paths.meta)
+        if meta is None:
+            if os.path.isdir(paths.dir):  # claimed by a create that has not written meta.json yet
+                return SandboxHandle(name=name, state="provisioning")
+            raise SandboxNotFound(f"no local sandbox {name}", reason="not_found")
+        return self._handle(name, meta, state=self._state(meta, paths))
+
+    def list(self, labels: dict[str, str]) -> list[SandboxHandle]:
+        handles = []
+        for entry in sorted(os.listdir(self.root)):
+            if entry.startswith(".") or not NAME_RE.match(entry):
+                continue
+            try:
+                handle = self.get(entry)
+            except SandboxNotFound:
+                continue  # destroyed while we listed
+            if all(handle.labels.get(k) == v for k, v in labels.items()):
+                handles.append(handle)
+        return handles
+
+    def exec(
+        self,
+        handle: SandboxHandle,
+        cmd: str,
+        *,
+        timeout: float = 60.0,
+        idle_timeout: float | None = None,
+        max_output: int = 64 * 1024,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        return _client(handle).exec(cmd, timeout=timeout, idle_timeout=idle_timeout, max_output=max_output,
+                                    cwd=cwd, env=env)
+
+    def read_file(self, handle: SandboxHandle, path: str) -> bytes:
+        return _client(handle).read_file(path)
+
+    def write_file(self, handle: SandboxHandle, path: str, content: bytes) -> None:
+        _client(handle).write_file(path, content)
+
+    def destroy(self, name: str) -> None:
+        """Idempotent. Raises SandboxError (transient) if anything is left behind, so a retry can finish."""
+        check_name(name)
+        paths = self._paths(name)
+        meta = _read_json(paths.meta) or {}
+        if meta:
+            _write_json(paths.meta, {**meta, "terminating": True})
+        _kill_sandbox(meta, paths)
+        cgroup_dirs = sorted(set(meta.get("cgroups", [])) | set(self.cgroups.dirs_for(name)))
+        left = kill_and_remove(cgroup_dirs, timeout=KILL_TIMEOUT)
+        shutil.rmtree(paths.dir, ignore_errors=True)
+        problems = _leftovers(paths, meta, left)
+        _sweep_supervisors()
+        if problems:
+            raise SandboxError(f"destroy of {name} left: {'; '.join(problems)}", reason="destroy_incomplete")
+
+    # ------------------------------------------------------------ create
+
+    def _launch(self, spec: SandboxSpec, paths: bwrap.SandboxPaths) -> dict[str, Any]:
+        """Lay out the directory, make the cgroups, start the supervisor. Returns the meta written."""
+        launch = self._launch_config(spec, paths)
+        for path, mode in ((paths.workspace, 0o755), (paths.run, 0o700)):
+            os.mkdir(path, mode)
+            if self.host_uid is not None:
+                os.chown(path, self.host_uid, self.host_uid)
+        meta: dict[str, Any] = {"name": spec.name, "labels": dict(spec.labels), "secret": secrets.token_urlsafe(32),
+                                "created_at": time.time(), "network": spec.network}
+        try:
+            meta["cgroups"] = self.cgroups.create(spec.name, self._limits(spec))
+        except CgroupError as exc:
+            raise SandboxStartFailed(str(exc), reason="cgroup") from exc
+        _write_json(paths.meta, meta)  # labels and cgroups on disk before any process exists
+        supervisor = self._start_supervisor(launch, meta)
+        meta.update(pid=supervisor.pid, pid_start=procs.start_time(supervisor.pid))
+        _write_json(paths.meta, meta)
+        return meta
+
+    def _launch_config(self, spec: SandboxSpec, paths: bwrap.SandboxPaths) -> bwrap.Launch:
+        if spec.rootfs and not os.path.isdir(spec.rootfs):
+            raise SandboxStartFailed(f"rootfs {spec.rootfs!r} is not a directory", reason="bad_rootfs",
+                                     permanent=True)
+        return bwrap.Launch(
+            name=spec.name, paths=paths, shared_dir=self.shared_dir, python=self.python,
+            rootfs=os.path.abspath(spec.rootfs) if spec.rootfs else "", share_net=self._share_net(spec),
+            proxy_socket=self._proxy_socket(spec), tmp_size_mb=spec.disk_mb,
+            env=tuple(sorted(spec.env.items())),
+        )
+
+    def _share_net(self, spec: SandboxSpec) -> bool:
+        if spec.network in ("none", "proxy-only"):
+            return False
+        if spec.network == "allow-list" and self.allow_host_network:
+            return True
+        raise SandboxStartFailed(
+            f"network policy {spec.network!r} cannot be enforced by the local backend (it has no egress "
+            "filter); use 'none' or 'proxy-only', or build LocalBackend(allow_host_network=True)",
+            reason="network_policy_unsupported", permanent=True)
+
+    def _proxy_socket(self, spec: SandboxSpec) -> str:
+        if spec.network != "proxy-only" or not spec.proxy_socket:
+            return ""  # proxy-only without a proxy to reach is simply no network
+        if not os.path.exists(spec.proxy_socket):
+            raise SandboxStartFailed(f"proxy socket {spec.proxy_socket!r} does not exist", reason="no_proxy")
+        return os.path.abspath(spec.proxy_socket)
+
+    def _limits(self, spec: SandboxSpec) -> Limits:
+        return Limits(cpu=spec.cpu if spec.cpu is not None else self.defaults.cpu,
+                      memory_mb=spec.memory_mb if spec.memory_mb is not None else self.defaults.memory_mb,
+                      pids=spec.pids if spec.pids is not None else self.defaults.pids)
+
+    def _start_supervisor(self, launch: bwrap.Launch, meta: dict[str, Any]) -> subprocess.Popen:
+        setpriv = [] if self.host_uid is None else [
+            self.setpriv, f"--reuid={self.host_uid}", f"--regid={self.host_uid}", "--clear-groups", "--"]
+        argv = bwrap.supervisor_argv(launch, cgroup_dirs=meta["cgroups"], bwrap=self.bwrap_path, setpriv=setpriv)
+        with open(launch.paths.log, "wb") as log:
+            supervisor = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                          start_new_session=True, env={"PATH": "/usr/bin:/bin"})
+        with _supervisors_lock:
+            _supervisors[launch.paths.dir] = supervisor
+        assert supervisor.stdin is not None
+        try:
+            supervisor.stdin.write(meta["secret"].encode())  # read by the agent as --secret-file -
+            supervisor.stdin.close()
+        except BrokenPipeError:
+            pass  # it died already; the readiness wait reports why
+        return supervisor
+
+    def _await_ready(self, name: str, meta: dict[str, Any], *, timeout: float,
+                     ready_pipe: subprocess.Popen | None = None) -> SandboxHandle:
+        """Wait for the agent, then ping it. Our own supervisor's stdout carries the agent's ready line (and
+        closes if the sandbox dies), so no polling is needed; otherwise poll for the socket file, which
+        the agent creates only once it listens."""
+        paths = self._paths(name)
+        deadline = time.monotonic() + timeout
+        if ready_pipe is not None:
+            alive = _read_ready_line(ready_pipe, deadline)
+        else:
+            alive = _poll_for_socket(paths, meta, deadline)
+        if not alive:
+            self._fail(name, paths, "sandbox exited during startup", reason="exited")
+        try:
+            _client(self._handle(name, meta, state="provisioning")).ping(
+                timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+        except AgentUnavailable as exc:
+            reason = "timeout" if time.monotonic() >= deadline else "no_answer"
+            self._fail(name, paths, f"agent did not answer within {timeout:.1f} s ({exc})", reason=reason)
+        return self._handle(name, meta, state="ready")
+
+    def _fail(self, name: str, paths: bwrap.SandboxPaths, message: str, *, reason: str) -> NoReturn:
+        log = _tail(paths.log)
+        self.destroy(name)
+        raise SandboxStartFailed(f"sandbox {name}: {message}" + (f"; log: {log}" if log else ""), reason=reason)
+
+    def _existing(self, name: str, *, wait: bool, timeout: float) -> SandboxHandle:
+        """A create of a name that exists: wait for its meta (a racing creator is writing it), then treat it
+        like our own. A dead one, with `wait`, is destroyed and reported as SandboxStartFailed."""
+        paths = self._paths(name)
+        deadline = time.monotonic() + timeout
+        meta = _read_json(paths.meta)
+        while meta is None or "pid" not in meta:
+            if not os.path.isdir(paths.dir) or time.monotonic() > deadline:
+                raise SandboxStartFailed(f"sandbox {name} is being created or destroyed elsewhere",
+                                         reason="busy")
+            time.sleep(0.005)
+            meta = _read_json(paths.meta)
+        if not wait:
+            return self._handle(name, meta, state=self._state(meta, paths))
+        return self._await_ready(name, meta, timeout=max(0.1, deadline - time.monotonic()))
+
+    # ------------------------------------------------------------ state
+
+    def _state(self, meta: dict[str, Any], paths: bwrap.SandboxPaths) -> str:
+        if meta.get("terminating"):
+            return "terminating"
+        if "pid" not in meta:
+            return "provisioning"
+        if not _supervisor_alive(meta, paths):
+            return "failed"
+        return "ready" if os.path.exists(paths.socket) else "provisioning"
+
+    def _handle(self, name: str, meta: dict[str, Any], *, state: str) -> SandboxHandle:
+        paths = self._paths(name)
+        reason = _failure_reason(paths) if state == "failed" else ""
+        return SandboxHandle(
+            name=name, state=state, endpoint=f"unix:{paths.socket}", secret=meta.get("secret", ""),
+            labels=dict(meta.get("labels", {})), reason=reason,
+            details={"dir": paths.dir, "pid": meta.get("pid"), "cgroups": meta.get("cgroups", []),
+                     "limits_enforced": self.limits_enforced, "network": meta.get("network")},
+        )
+
+    def _paths(self, name: str) -> bwrap.SandboxPaths:
+        return bwrap.SandboxPaths(os.path.join(self.root, name))
+
+    def _prepare_root(self) -> None:
+        """Create `root` and the shared files; check the sandbox uid can reach them (bwrap opens bind
+        sources as that uid)."""
+        os.makedirs(os.path.join(self.shared_dir, "etc"), exist_ok=True)
+        os.chmod(self.root, 0o711)
+        for directory in (self.shared_dir, os.path.join(self.shared_dir, "etc")):
+            os.chmod(directory, 0o755)
+        agent_py = os.path.join(self.shared_dir, "agent.py")
+        if _install(agent_py, AGENT_SOURCE.read_bytes()) or not os.path.exists(agent_py + "c"):
+            _compile_agent(self.python, agent_py)
+        for filename, text in bwrap.GENERATED_ETC.items():
+            _install(os.path.join(self.shared_dir, "etc", filename), text.encode())
+        blocked = _untraversable_ancestor(self.root, self.host_uid) if self.host_uid is not None else None
+        if blocked:
+            logger.warning(
+                "sandbox root %s: %s is not searchable by the sandbox uid %s, so bubblewrap cannot run as that "
+                "uid; sandboxes under this root run as the current user instead (uid 1000 inside maps to it). "
+                "Choose a root whose parent directories are world-searchable (o+x) to keep the privilege drop.",
+                self.root, blocked, self.host_uid)
+            self.host_uid = None
+
+
+# ---------------------------------------------------------------- module helpers
+
+
+def check_name(name: str) -> None:
+    """Names become directory and cgroup names: letters, digits, `_.-`, at most 63, no leading dot."""
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise SandboxError(f"bad sandbox name {name!r}", reason="bad_name", permanent=True)
+
+
+class LocalAgentClient(AgentClient):
+    """AgentClient that also reaches a socket whose path is longer than sun_path allows (deep `root`s):
+    it connects through an O_PATH descriptor of the socket's directory (/proc/self/fd/N/agent.sock)."""
+
+    def _connect(self) -> socket.socket:
+        path = self.endpoint.removeprefix("unix:")
+        if not self.endpoint.startswith("unix:") or len(os.fsencode(path)) <= UNIX_PATH_MAX:
+            return super()._connect()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.connect_timeout)
+        try:
+            dir_fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
+            try:
+                sock.connect(f"/proc/self/fd/{dir_fd}/{os.path.basename(path)}")
+            finally:
+                os.close(dir_fd)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+
+def _client(handle: SandboxHandle) -> AgentClient:
+    if not handle.endpoint:
+        raise AgentUnavailable(f"sandbox {handle.name} has no agent endpoint yet", reason="not_ready")
+    return LocalAgentClient(handle.endpoint, handle.secret)
+
+
+def _our_supervisor(paths: bwrap.SandboxPaths, meta: dict[str, Any]) -> subprocess.Popen | None:
+    with _supervisors_lock:
+        ours = _supervisors.get(paths.dir)
+    return ours if ours is not None and ours.pid == meta.get("pid") else None
+
+
+def _read_ready_line(supervisor: subprocess.Popen | None, deadline: float) -> bool:
+    """Block until the agent's ready line arrives on the supervisor's stdout (True), the pipe closes
+    because the sandbox died (False), or the deadline passes (True: let the ping decide). Closes our end."""
+    assert supervisor is not None and supervisor.stdout is not None
+    fd = supervisor.stdout.fileno()
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    received = b""
+    try:
+        while b"\n" not in received:
+            remaining_ms = (deadline - time.monotonic()) * 1000
+            if remaining_ms <= 0 or not poller.poll(remaining_ms):
+                return True
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return False
+            received += chunk
+        return True
+    finally:
+        _close_ready_pipe(supervisor)
+
+
+def _close_ready_pipe(supervisor: subprocess.Popen | None) -> None:
+    if supervisor is not None and supervisor.stdout is not None:
+        supervisor.stdout.close()
+
+
+def _poll_for_socket(paths: bwrap.SandboxPaths, meta: dict[str, Any], deadline: float) -> bool:
+    """For a sandbox started elsewhere: poll (short backoff) until its socket exists (True), its
+    supervisor is gone (False) or the deadline passes (True: let the ping decide)."""
+    delay = 0.0005
+    while not os.path.exists(paths.socket):
+        if not _supervisor_alive(meta, paths):
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.02)
+    return True
+
+
+def _supervisor_alive(meta: dict[str, Any], paths: bwrap.SandboxPaths) -> bool:
+    with _supervisors_lock:
+        ours = _supervisors.get(paths.dir)
+    if ours is not None and ours.pid == meta.get("pid"):
+        return ours.poll() is None
+    return procs.is_alive(meta.get("pid"), meta.get("pid_start"))
+
+
+def _kill_sandbox(meta: dict[str, Any], paths: bwrap.SandboxPaths) -> None:
+    """Stop every process of the sandbox so that each one is reaped by its own parent (an orphan would be
+    left to pid 1). SIGKILL the pid namespace's init: the kernel kills the rest of the namespace, bwrap
+    reaps the init and exits, the supervisor reaps bwrap and exits, and we (or the creator) reap the
+    supervisor. If there is no namespace yet (startup failed or is still under way), kill bwrap instead.
+    Every pid is checked (namespace id, start time) before it is killed, against pid reuse."""
+    init_pid, init_ns = _namespace_init(paths)
+    if _init_running(init_pid, init_ns):
+        procs.kill(init_pid)  # type: ignore[arg-type]
+    elif procs.is_alive(meta.get("pid"), meta.get("pid_start")):
+        for child in procs.children(meta["pid"]):
+            procs.kill(child)
+    if not _await_supervisor_exit(paths, meta, timeout=SUPERVISOR_EXIT_GRACE):
+        if procs.is_alive(meta.get("pid"), meta.get("pid_start")):
+            for child in procs.children(meta["pid"]):
+                procs.kill(child)
+            procs.kill(meta["pid"])
+        _await_supervisor_exit(paths, meta, timeout=KILL_TIMEOUT)
+
+
+def _init_running(pid: int | None, namespace: str | None) -> bool:
+    """The namespace init is still running (a zombie counts as gone: it has exited)."""
+    return bool(pid) and procs.pid_namespace(pid) == namespace and procs.start_time(pid) is not None  # type: ignore[arg-type]
+
+
+def _namespace_init(paths: bwrap.SandboxPaths) -> tuple[int | None, str | None]:
+    """(host pid, 'pid:[inode]') of the sandbox's pid namespace init, from bwrap's status file."""
+    try:
+        with open(paths.status) as f:
+            first = json.loads(f.readline() or "{}")
+    except (OSError, ValueError):
+        return None, None
+    if "child-pid" not in first or "pid-namespace" not in first:
+        return None, None
+    return int(first["child-pid"]), f"pid:[{first['pid-namespace']}]"
+
+
+def _await_supervisor_exit(paths: bwrap.SandboxPaths, meta: dict[str, Any], *, timeout: float) -> bool:
+    """Wait until the supervisor has exited: reap it if it is our child, else watch it (a zombie counts
+    as exited; its parent reaps it). True if it is gone."""
+    with _supervisors_lock:
+        ours = _supervisors.get(paths.dir)
+    if ours is not None and ours.pid == meta.get("pid"):
+        try:
+            ours.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        with _supervisors_lock:
+            _supervisors.pop(paths.dir, None)
+        return True
+    return procs.wait_gone(lambda: not procs.is_alive(meta.get("pid"), meta.get("pid_start")), timeout=timeout)
+
+
+def _leftovers(paths: bwrap.SandboxPaths, meta: dict[str, Any], cgroups_left: list[str]) -> list[str]:
+    problems = [f"cgroup {d}" for d in cgroups_left]
+    if os.path.exists(paths.dir):
+        problems.append(f"directory {paths.dir}")
+    if procs.is_alive(meta.get("pid"), meta.get("pid_start")):
+        problems.append(f"supervisor pid {meta['pid']}")
+    init_pid, init_ns = _namespace_init(paths)
+    if _init_running(init_pid, init_ns):
+        problems.append(f"namespace init pid {init_pid}")
+    return problems
+
+
+def _sweep_supervisors() -> None:
+    """Reap supervisors of sandboxes that were destroyed by another process (or died)."""
+    with _supervisors_lock:
+        for key, supervisor in list(_supervisors.items()):
+            if supervisor.poll() is not None:
+                del _supervisors[key]
+
+
+def _failure_reason(paths: bwrap.SandboxPaths) -> str:
+    exit_code = None
+    try:
+        with open(paths.status) as f:
+            for line in f:
+                exit_code = json.loads(line).get("exit-code", exit_code)
+    except (OSError, ValueError):
+        pass
+    log = _tail(paths.log, 500)
+    return f"processes exited (exit code {exit_code})" + (f": {log}" if log else "")
+
+
+def _tail(path: str, size: int = LOG_TAIL) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - size))
+            return f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    """Atomic replace, readable by the owner only (meta.json holds the secret)."""
+    temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with open(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(temporary, path)
+
+
+def _install(path: str, content: bytes) -> bool:
+    """Write a shared file (0644) if its content differs, atomically (running sandboxes keep their copy).
+    True if it was written."""
+    try:
+        with open(path, "rb") as f:
+            if f.read() == content:
+                return False
+    except OSError:
+        pass
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "wb") as f:
+        f.write(content)
+    os.chmod(temporary, 0o644)
+    os.replace(temporary, path)
+    return True
+
+
+def _compile_agent(python: str, source: str) -> None:
+    """agent.py -> agent.pyc with the sandbox's own interpreter (bytecode is version-specific)."""
+    script = ("import os, py_compile, sys; tmp = sys.argv[2] + f'.{os.getpid()}.tmp'; "
+              "py_compile.compile(sys.argv[1], cfile=tmp, doraise=True); os.chmod(tmp, 0o644); "
+              "os.replace(tmp, sys.argv[2])")
+    done = subprocess.run([python, "-I", "-S", "-c", script, source, source + "c"], capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        raise SandboxError(f"cannot compile the agent with {python}: {done.stderr.strip()}",
+                           reason="agent_compile", permanent=True)
+
+
+def _untraversable_ancestor(path: str, uid: int) -> str | None:
+    """bwrap opens bind sources as the sandbox's host uid, so every directory from / down to `path` must let
+    that uid pass. Returns the first that does not, or None."""
+    parts = path.split("/")
+    for depth in range(1, len(parts) + 1):
+        current = "/".join(parts[:depth]) or "/"
+        st = os.stat(current)
+        if not (st.st_mode & 0o001 or (st.st_uid == uid and st.st_mode & 0o100)):
+            return current
+    return None
