@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO))
 from experience.dedup.cluster import Assignment, DedupItem, cluster_items  # noqa: E402
 from experience.dedup.embed import Embedder, get_embedder  # noqa: E402
 from experience.dedup.index import VectorIndex, recall_at_k  # noqa: E402
-from experience.dedup.signature import exact_hash, signature_text  # noqa: E402
+from experience.dedup.signature import action_sequence, exact_hash, signature_text  # noqa: E402
 from experience.records import StepRecord, TrajectoryRecord  # noqa: E402
 
 FIXTURES = Path("/work/shared/fixtures/trajectories/swe-agent")
@@ -81,6 +81,14 @@ def timed(function: Callable[[], Any]) -> tuple[Any, float]:
 
 
 @dataclasses.dataclass
+class Plan:
+    steps: list[tuple[str, tuple]]
+    file: str
+    symbol: str
+    fix: str
+
+
+@dataclasses.dataclass
 class Task:
     key: str
     instruction: str
@@ -96,34 +104,43 @@ def make_task(number: int, rng: random.Random) -> Task:
     return Task(f"org__repo{number % 211}-{number}", f"{symbols[0]} {issue} in {files[0]}", files, symbols)
 
 
-def make_plan(task: Task, rng: random.Random) -> list[tuple[str, tuple]]:
-    """A plan is a list of (template, fixed arguments); volatile parts are filled in per run."""
+def make_plan(task: Task, rng: random.Random) -> Plan:
+    """One approach to the task: its own exploration, whether it reproduces first, the file it fixes, the
+    fix, how it tests. Volatile parts (line numbers, temp dirs) are filled in per run by `render`."""
     file, symbol = rng.choice(task.files), rng.choice(task.symbols)
-    code = f"return {rng.choice(task.symbols)}({rng.choice(WORDS)}, {rng.choice(WORDS)})"
-    steps: list[tuple[str, tuple]] = [("ls -F", ())]
+    fix = f"{rng.choice(task.symbols)}({rng.choice(WORDS)}, {rng.choice(WORDS)}={rng.choice(WORDS)})"
+    steps: list[tuple[str, tuple]] = [("ls -F", ())] if rng.random() < 0.7 else []
     for _ in range(rng.randint(2, 5)):
         steps.append(rng.choice([
             ("grep -rn {0} src/", (rng.choice(task.symbols),)),
             ("cat {0}", (rng.choice(task.files),)),
             ("find_file {0} src", (rng.choice(task.files).rsplit("/", 1)[-1],)),
             ("python -c 'import {0}; print({0}.{1})'", (rng.choice(WORDS), rng.choice(task.symbols))),
+            ("git log --oneline -5 -- {0}", (rng.choice(task.files),)),
         ]))
-    steps += [
-        ("create reproduce.py", ()),
-        ("edit {line}:{line}\nfrom x import {0}\nprint({0}({1}))\nend_of_edit", (symbol, rng.choice(WORDS))),
-        ("python reproduce.py", ()),
-        ("open {0} {line}", (file,)),
-        ("edit {line}:{line2}\n        {0}\nend_of_edit", (code,)),
-        ("cd {tmp}/repo && pytest tests/test_{0}.py -x", (rng.choice(WORDS),)),
-        ("rm reproduce.py", ()),
-        ("submit", ()),
-    ]
-    return steps
+    reproduce = rng.random() < 0.6
+    if reproduce:
+        steps += [
+            ("create reproduce.py", ()),
+            ("edit {line}:{line}\nfrom x import {0}\nprint({0}({1}))\nend_of_edit", (symbol, rng.choice(WORDS))),
+            ("python reproduce.py", ()),
+        ]
+    steps += [("open {0} {line}", (file,)), ("edit {line}:{line2}\n        return {0}\nend_of_edit", (fix,))]
+    steps += rng.choice([
+        [("cd {tmp}/repo && pytest tests/test_{0}.py -x", (rng.choice(WORDS),))],
+        [("python -m pytest -q -k {0}", (rng.choice(task.symbols),))],
+        [],
+    ])
+    if reproduce:
+        steps.append(("python reproduce.py", ()))
+        steps.append(("rm reproduce.py", ()))
+    steps.append(("submit", ()))
+    return Plan(steps, file, symbol, fix)
 
 
-def mutate(plan: list[tuple[str, tuple]], task: Task, rng: random.Random) -> list[tuple[str, tuple]]:
+def mutate(steps: list[tuple[str, tuple]], task: Task, rng: random.Random) -> list[tuple[str, tuple]]:
     """One or two small edits: the kind of difference between two near-duplicate runs."""
-    plan = list(plan)
+    plan = list(steps)
     for _ in range(rng.randint(1, 2)):
         where = rng.randrange(1, len(plan) - 1)
         choice = rng.random()
@@ -144,11 +161,11 @@ def render(plan: list[tuple[str, tuple]], rng: random.Random) -> list[str]:
     return [template.format(*args, line=line, line2=line + rng.randint(0, 5), tmp=tmp) for template, args in plan]
 
 
-def record_of(task: Task, commands: list[str], diff_symbol: str, run: int) -> TrajectoryRecord:
+def record_of(task: Task, plan: Plan, commands: list[str], run: int) -> TrajectoryRecord:
     steps = [StepRecord(kind="command", command=command, output=f"(output {run})") for command in commands]
     diff = (
-        f"diff --git a/{task.files[0]} b/{task.files[0]}\n--- a/{task.files[0]}\n+++ b/{task.files[0]}\n"
-        f"@@ -1,3 +1,3 @@\n context\n-    return {diff_symbol}(x)\n+    return {diff_symbol}(x, strict=True)\n"
+        f"diff --git a/{plan.file} b/{plan.file}\n--- a/{plan.file}\n+++ b/{plan.file}\n"
+        f"@@ -1,3 +1,3 @@\n context\n-    return {plan.symbol}(x)\n+    return {plan.fix}\n"
     )
     return TrajectoryRecord(source="rollout", source_format="bench", source_ref=f"{task.key}/{run}",
                             task_key=task.key, instruction=task.instruction, final_diff=diff, steps=steps)
@@ -160,16 +177,16 @@ def synthetic_runs(count: int, seed: int = 0) -> tuple[list[TrajectoryRecord], l
     records, families = [], []
     for number in range((count + RUNS_PER_TASK - 1) // RUNS_PER_TASK):
         task = make_task(number, rng)
-        plans = [(make_plan(task, rng), rng.choice(task.symbols))]
+        plans = [make_plan(task, rng)]
         for run in range(RUNS_PER_TASK):
             kind = rng.random()
             if kind < 0.2 and run:  # a different approach to the same task
-                plans.append((make_plan(task, rng), rng.choice(task.symbols)))
-                plan_number, steps = len(plans) - 1, plans[-1][0]
+                plans.append(make_plan(task, rng))
+                plan_number, steps = len(plans) - 1, plans[-1].steps
             else:
                 plan_number = rng.randrange(len(plans))
-                steps = plans[plan_number][0] if kind < 0.55 else mutate(plans[plan_number][0], task, rng)
-            records.append(record_of(task, render(steps, rng), plans[plan_number][1], run))
+                steps = plans[plan_number].steps if kind < 0.55 else mutate(plans[plan_number].steps, task, rng)
+            records.append(record_of(task, plans[plan_number], render(steps, rng), run))
             families.append(f"{task.key}/{plan_number}")
     return records[:count], families[:count]
 
@@ -194,8 +211,11 @@ def pair_quality(assignments: list[Assignment], families: list[str]) -> dict[str
 
 def dedup_pipeline(records: list[TrajectoryRecord], embedder: Embedder) -> tuple[list[Assignment], dict]:
     timings: dict[str, float] = {}
-    hashes, timings["hash_s"] = timed(lambda: [exact_hash(record) for record in records])
-    texts, timings["signature_s"] = timed(lambda: [signature_text(record) for record in records])
+    actions, timings["normalise_s"] = timed(lambda: [action_sequence(record) for record in records])
+    hashes, timings["hash_s"] = timed(lambda: [exact_hash(r, actions=a) for r, a in zip(records, actions, strict=True)])
+    texts, timings["signature_s"] = timed(
+        lambda: [signature_text(r, actions=a) for r, a in zip(records, actions, strict=True)]
+    )
     vectors, timings["embed_s"] = timed(lambda: embedder.embed(texts))
     ids = np.arange(len(records), dtype=np.int64)
     index = VectorIndex(embedder.dim)

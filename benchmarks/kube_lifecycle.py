@@ -117,7 +117,7 @@ def main(argv: list[str]) -> None:
     kubelet = TestKubelet(cluster.api_client(), namespace=NAMESPACE, max_workers=max(32, 2 * args.concurrency))
     try:
         core = k8s.CoreV1Api(cluster.api_client())
-        core.create_namespace({"metadata": {"name": NAMESPACE}})
+        core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=NAMESPACE)))
         kubelet.start()
         figures = measure(cluster, kubelet, core, args)
     finally:

@@ -4,12 +4,14 @@
 Every part is its own process: a mock OpenAI-compatible upstream (aiohttp, a fixed small answer, plain
 or streamed), Trove's proxy (its app served by `run_proxy`, recording into an `InProcessSink` whose
 writer counts — `--sink=db` is for the real database writer), LiteLLM's proxy (from its own venv,
-var/bench-venvs/litellm), and the load generator (aiohttp client). Each target gets, in order:
+var/bench-venvs/litellm, started with a master key and the local cost map), and the load generator
+(aiohttp client, a new process per run). Each target gets a warm-up, then these phases, each split into
+`--rounds` rounds in which the targets take turns (so a noisy neighbour on a shared machine hits all of
+them alike; latencies are pooled, throughput is the median round):
 
-- warm-up: 16 connections;
 - unloaded: 1 connection, one request at a time — what the proxy adds to a call, free of queueing;
-- load: 16 connections, a few thousand plain requests — throughput, and latency under load;
-- stream: 16 connections, streamed requests.
+- load: 16 connections, `--requests` plain requests — throughput, and latency under load;
+- stream: 16 connections, a third as many streamed requests.
 
 On a 2-core machine the load phases are CPU-bound and the proxy is a third Python process sharing the two
 cores with the load generator and the upstream, so latency under load is mostly queueing
@@ -29,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -46,6 +49,7 @@ MASTER_KEY = "sk-bench-master"
 MODEL = "bench-model"
 TOKEN = "bench-token"
 CONCURRENCY = 16
+WARMUP_REQUESTS = 200
 
 PLAIN_BODY = json.dumps(
     {
@@ -240,6 +244,7 @@ def _summary(latencies: list[float], failures: dict[str, int], sent: int, elapse
         "p50_ms": round(statistics.median(ordered), 3) if ordered else None,
         "p90_ms": pct(0.90),
         "p99_ms": pct(0.99),
+        "latencies_ms": [round(ms, 3) for ms in latencies],
     }
 
 
@@ -347,17 +352,48 @@ def _start_litellm(
     return process, url, None
 
 
-def _measure(url: str, requests: int) -> dict[str, dict[str, Any]]:
-    _load(url, requests=200, concurrency=CONCURRENCY)  # warm-up: pools, caches, lazy imports
-    return {
-        "unloaded": _load(url, requests=max(200, requests // 6), concurrency=1),
-        "load": _load(url, requests=requests, concurrency=CONCURRENCY),
-        "stream": _load(url, requests=max(200, requests // 3), concurrency=CONCURRENCY, stream=True),
-    }
+PHASES = ("unloaded", "load", "stream")
+
+
+def _phase_load(phase: str, requests: int, rounds: int) -> dict[str, Any]:
+    """The loadgen arguments of one round of a phase."""
+    if phase == "unloaded":
+        return {"requests": max(100, requests // 6 // rounds), "concurrency": 1}
+    if phase == "load":
+        return {"requests": max(100, requests // rounds), "concurrency": CONCURRENCY}
+    return {"requests": max(100, requests // 3 // rounds), "concurrency": CONCURRENCY, "stream": True}
+
+
+def _measure(urls: dict[str, str], requests: int, rounds: int) -> dict[str, dict[str, Any]]:
+    """Each phase in `rounds` rounds, the targets taking turns within a round, so that the noise of a
+    shared machine falls on all of them alike. Latencies are pooled over the rounds; the throughput is
+    the median of the rounds'."""
+    for url in urls.values():
+        _load(url, requests=WARMUP_REQUESTS, concurrency=CONCURRENCY)  # pools, caches, lazy imports
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {name: {p: [] for p in PHASES} for name in urls}
+    for phase in PHASES:
+        for _ in range(rounds):
+            for name, url in urls.items():
+                runs[name][phase].append(_load(url, **_phase_load(phase, requests, rounds)))
+    return {name: {phase: _pooled(runs[name][phase]) for phase in PHASES} for name in urls}
+
+
+def _pooled(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    latencies = [ms for one in rounds for ms in one["latencies_ms"]]
+    failures: dict[str, int] = {}
+    for one in rounds:
+        for reason, count in one["failures"].items():
+            failures[reason] = failures.get(reason, 0) + count
+    pooled = _summary(latencies, failures, sum(one["sent"] for one in rounds), 0.0)
+    pooled["elapsed_s"] = round(sum(one["elapsed_s"] for one in rounds), 3)
+    pooled["rps"] = statistics.median(one["rps"] for one in rounds if one["rps"] is not None)
+    pooled["rps_rounds"] = [one["rps"] for one in rounds]
+    del pooled["latencies_ms"]
+    return pooled
 
 
 def _sent(results: dict[str, dict[str, Any]]) -> int:
-    return 200 + sum(phase["sent"] for phase in results.values())
+    return WARMUP_REQUESTS + sum(phase["sent"] for phase in results.values())
 
 
 def _recorded(trove_url: str, expected: int) -> int:
@@ -413,7 +449,7 @@ def _keys(
     return keys
 
 
-def orchestrate(requests: int, sink_kind: str, skip_litellm: bool) -> dict[str, Any]:
+def orchestrate(requests: int, sink_kind: str, skip_litellm: bool, rounds: int) -> dict[str, Any]:
     if sink_kind == "db":
         db_sink_writer()  # fails fast, before anything starts, while it is not wired
     workdir = Path(tempfile.mkdtemp(prefix="trove-bench-proxy-"))
@@ -423,7 +459,9 @@ def orchestrate(requests: int, sink_kind: str, skip_litellm: bool) -> dict[str, 
         upstream_url, trove_url = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{trove_port}"
         upstream_log, trove_log = workdir / "upstream.log", workdir / "trove.log"
         processes.append(_spawn(_self("--role", "upstream", "--port", str(upstream_port)), log=upstream_log))
-        env = dict(os.environ, PYTHONPATH=str(REPO))
+        env = dict(
+            os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        )
         processes.append(
             _spawn(
                 _self(
@@ -447,14 +485,17 @@ def orchestrate(requests: int, sink_kind: str, skip_litellm: bool) -> dict[str, 
             litellm, litellm_url, litellm_missing = _start_litellm(workdir, upstream_url)
             if litellm is not None:
                 processes.append(litellm)
-        results: dict[str, Any] = {}
-        results["direct"] = _measure(f"{upstream_url}/v1/chat/completions", requests)
-        results["trove"] = _measure(f"{trove_url}/r/{TOKEN}/v1/chat/completions", requests)
-        results["litellm"] = _measure(f"{litellm_url}/v1/chat/completions", requests) if litellm_url else None
+        urls = {
+            "direct": f"{upstream_url}/v1/chat/completions",
+            "trove": f"{trove_url}/r/{TOKEN}/v1/chat/completions",
+        }
+        if litellm_url:
+            urls["litellm"] = f"{litellm_url}/v1/chat/completions"
+        results: dict[str, Any] = _measure(urls, requests, rounds)
         expected = _sent(results["trove"])
         recorded_fraction = round(_recorded(trove_url, expected) / expected, 4)
         for name, phases in results.items():
-            for phase, figures in (phases or {}).items():
+            for phase, figures in phases.items():
                 print(f"{name:8s} {phase:9s} {json.dumps(figures)}")
         return _keys(results, recorded_fraction, litellm_missing)
     finally:
@@ -465,6 +506,7 @@ def orchestrate(requests: int, sink_kind: str, skip_litellm: bool) -> dict[str, 
                 process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 process.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main() -> None:
@@ -482,6 +524,7 @@ def main() -> None:
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--sink", choices=["count", "db"], default="count")
     parser.add_argument("--skip-litellm", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per phase")
     args = parser.parse_args()
     if args.role == "upstream":
         role_upstream(args.port)
@@ -490,7 +533,7 @@ def main() -> None:
     elif args.role == "loadgen":
         role_loadgen(args.url, requests=args.requests, concurrency=args.concurrency, stream=args.stream)
     else:
-        print(json.dumps(orchestrate(args.requests, args.sink, args.skip_litellm)))
+        print(json.dumps(orchestrate(args.requests, args.sink, args.skip_litellm, args.rounds)))
 
 
 if __name__ == "__main__":

@@ -4,14 +4,18 @@
 
 Baseline, measured in the same run from this process: the floor, the same command in a fresh
 `bwrap <the sandbox's namespace and system options> bash -c 'echo hi'`, i.e. what one exec would cost if
-each command got a brand-new sandbox instead of going to a running agent.
+each command got a brand-new sandbox instead of going to a running agent. It is sampled on a side thread
+during the lifecycle run (floor_p50_ms: same load as the execs) and, for reference, alone before it
+(floor_idle_p50_ms).
 
 Targets on a 2-core machine: success_rate 1.0, leaked 0, n=1000 in under 30 s,
 exec_p50_ms <= 1.5 x floor_p50_ms + 5.
 
 The last line printed is one JSON object: n, concurrency, seconds, success_rate, leaked (processes +
 directories + cgroups + mounts + unreaped children left after), leaked_detail, exec_p50_ms, exec_p99_ms,
-create_p50_ms, destroy_p50_ms, floor_p50_ms, limits_enforced, errors (the first few).
+create_p50_ms, destroy_p50_ms, cpu_ms_per_sandbox, floor_p50_ms, floor_idle_p50_ms, floor_samples,
+limits_enforced, errors (the first
+few), and load_avg (the 1-minute load average at the end: the machine may be shared).
 `run_lifecycle(backend, n, concurrency)` is importable for other benchmarks (it returns the same figures).
 """
 
@@ -20,11 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -57,10 +62,12 @@ def run_lifecycle(backend: SandboxBackend, n: int, concurrency: int, *, prefix: 
     Returns n, concurrency, seconds, success_rate, exec/create/destroy percentiles (ms), errors, names."""
     prefix = prefix or f"bench-{uuid.uuid4().hex[:8]}"
     names = [f"{prefix}-{i}" for i in range(n)]
+    cpu_before = cpu_seconds()
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         outcomes = list(pool.map(one_lifecycle, [backend] * n, names))
     seconds = time.perf_counter() - started
+    cpu_used = cpu_seconds() - cpu_before
     exec_ms = [ms for o in outcomes for ms in o.exec_ms]
     return {
         "n": n,
@@ -71,6 +78,7 @@ def run_lifecycle(backend: SandboxBackend, n: int, concurrency: int, *, prefix: 
         "exec_p99_ms": percentile(exec_ms, 99),
         "create_p50_ms": percentile([o.create_ms for o in outcomes if o.create_ms], 50),
         "destroy_p50_ms": percentile([o.destroy_ms for o in outcomes if o.destroy_ms], 50),
+        "cpu_ms_per_sandbox": round(cpu_used / n * 1000, 2) if n else 0.0,
         "errors": [f"{o.name}: {o.error}" for o in outcomes if o.error][:5],
         "names": names,
     }
@@ -107,25 +115,57 @@ def one_lifecycle(backend: SandboxBackend, name: str) -> Outcome:
 
 def measure_floor(samples: int, *, bwrap_path: str = "/usr/bin/bwrap") -> list[float]:
     """Wall time (ms) of `bwrap ... bash -c 'echo hi'` with the sandbox's namespace and system options."""
+    return [floor_once(bwrap_path)[0] for _ in range(samples)]
+
+
+def floor_once(bwrap_path: str = "/usr/bin/bwrap") -> tuple[float, float]:
+    """One floor run: (wall ms, CPU seconds it used, from wait4 so other threads' children don't count)."""
     argv = [bwrap_path, *bwrap.namespace_args(False), *bwrap.system_binds("/"),
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--", "bash", "-c", COMMAND]
-    times = []
-    for _ in range(samples):
-        t0 = time.perf_counter()
-        done = subprocess.run(argv, capture_output=True, check=False)
-        times.append((time.perf_counter() - t0) * 1000)
-        if done.stdout != b"hi\n":
-            raise RuntimeError(f"floor command failed: {done.stderr.decode()}")
-    return times
+    t0 = time.perf_counter()
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = process.stdout.read(), process.stderr.read()  # type: ignore[union-attr]
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)  # reaped here; keep Popen from waiting again
+    wall_ms = (time.perf_counter() - t0) * 1000
+    if out != b"hi\n":
+        raise RuntimeError(f"floor command failed: {err.decode()}")
+    return wall_ms, usage.ru_utime + usage.ru_stime
+
+
+class FloorDuringRun:
+    """Samples the floor on a side thread, one run at a time, for as long as the `with` block lasts: the
+    execs and their baseline then see the same machine load (this machine may be shared)."""
+
+    def __init__(self, interval: float = 0.1) -> None:
+        self.samples: list[float] = []
+        self.cpu_seconds = 0.0  # what the sampling itself used, to keep it out of the run's CPU figure
+        self.interval = interval  # pause between samples, so sampling barely loads the machine itself
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> FloorDuringRun:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            wall_ms, cpu = floor_once()
+            self.samples.append(wall_ms)
+            self.cpu_seconds += cpu
 
 
 def count_leaks(backend, names: list[str]) -> dict[str, int]:
     """What the run left behind: processes naming the root, sandbox directories, cgroups, mounts, and
     children of this process that were never reaped."""
     root = getattr(backend, "root", "")
-    cgroups = getattr(backend, "cgroups", None)
     dirs = [e for e in os.listdir(root) if not e.startswith(".")] if root and os.path.isdir(root) else []
-    cgroup_dirs = [d for name in names for d in (cgroups.dirs_for(name) if cgroups else []) if os.path.exists(d)]
+    cgroup_dirs = [d for name in names for d in getattr(backend, "cgroup_dirs", lambda _: [])(name)
+                   if os.path.exists(d)]
     with open("/proc/mounts") as f:
         mounts = [line for line in f if root and root in line]
     return {
@@ -153,6 +193,16 @@ def zombie_children() -> list[int]:
     return found
 
 
+def cpu_seconds() -> float:
+    """User + system CPU of this process and its reaped children (the sandboxes' processes). Kernel work
+    done elsewhere (namespace teardown in kworkers) is not included."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
+
+
 def percentile(values: list[float], pct: float) -> float:
     if not values:
         return 0.0
@@ -174,13 +224,17 @@ def main(argv: list[str]) -> None:
     root = args.root or tempfile.mkdtemp(prefix="trove-bench-")
     os.chmod(root, 0o711)
     backend = LocalBackend(root)
-    floor = measure_floor(args.floor_samples)
-    print(f"floor: bare bwrap + bash -c {COMMAND!r}, {args.floor_samples} runs: p50 {percentile(floor, 50)} ms")
-    figures = run_lifecycle(backend, args.n, args.concurrency)
+    idle_floor = measure_floor(args.floor_samples)
+    print(f"floor before the run: bare bwrap + bash -c {COMMAND!r}, {args.floor_samples} runs: "
+          f"p50 {percentile(idle_floor, 50)} ms")
+    with FloorDuringRun() as floor:
+        figures = run_lifecycle(backend, args.n, args.concurrency)
     names = figures.pop("names")
+    figures["cpu_ms_per_sandbox"] = round(figures["cpu_ms_per_sandbox"] - floor.cpu_seconds * 1000 / args.n, 2)
     leaks = count_leaks(backend, names)
-    figures.update(leaked=sum(leaks.values()), leaked_detail=leaks, floor_p50_ms=percentile(floor, 50),
-                   limits_enforced=backend.limits_enforced)
+    figures.update(leaked=sum(leaks.values()), leaked_detail=leaks, floor_p50_ms=percentile(floor.samples, 50),
+                   floor_samples=len(floor.samples), floor_idle_p50_ms=percentile(idle_floor, 50),
+                   limits_enforced=backend.limits_enforced, load_avg=round(os.getloadavg()[0], 2))
     target_exec = round(1.5 * figures["floor_p50_ms"] + 5, 3)
     print(f"{args.n} lifecycles x {EXECS_PER_SANDBOX} execs at concurrency {args.concurrency}: "
           f"{figures['seconds']} s, success {figures['success_rate']:.3f}, leaked {figures['leaked']}")

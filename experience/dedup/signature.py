@@ -28,6 +28,7 @@ Choices, and why:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -73,33 +74,43 @@ def action_sequence(record: TrajectoryRecord) -> list[str]:
     ]
 
 
-def exact_hash(record: TrajectoryRecord) -> str:
-    """sha256 hex of the task key and the normalised action sequence; equal for exact duplicates."""
+def exact_hash(record: TrajectoryRecord, *, actions: list[str] | None = None) -> str:
+    """sha256 hex of the task key and the normalised action sequence; equal for exact duplicates.
+
+    Pass `actions` (from `action_sequence`) when the caller also builds the signature text, to normalise
+    once.
+    """
+    actions = action_sequence(record) if actions is None else actions
     payload = json.dumps(
-        [f"trove-actions-v{SIGNATURE_VERSION}", record.task_key, action_sequence(record)],
+        [f"trove-actions-v{SIGNATURE_VERSION}", record.task_key, actions],
         ensure_ascii=False,
         separators=(",", ":"),
     )
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
-def signature_text(record: TrajectoryRecord, max_chars: int = DEFAULT_SIGNATURE_CHARS) -> str:
+def signature_text(
+    record: TrajectoryRecord, max_chars: int = DEFAULT_SIGNATURE_CHARS, *, actions: list[str] | None = None
+) -> str:
     """A short text for embedding: task head, numbered normalised actions, the diff's changed lines."""
+    actions = action_sequence(record) if actions is None else actions
     head = _task_head(record)
     diff = "\n".join(diff_essence(record.final_diff))
     diff_budget = min(len(diff), max_chars // 4)
     action_budget = max(0, max_chars - len(head) - diff_budget - len("\nactions:\n\ndiff:\n"))
-    actions = _clip_lines(_numbered(action_sequence(record)), action_budget)
-    text = f"{head}\nactions:\n{actions}\ndiff:\n{diff[:diff_budget]}"
+    listed = _clip_lines(_numbered(actions), action_budget)
+    text = f"{head}\nactions:\n{listed}\ndiff:\n{diff[:diff_budget]}"
     return text[:max_chars]
 
 
+@functools.lru_cache(maxsize=65536)  # runs repeat the same commands (`ls -F`, `submit`) endlessly
 def normalise_action(text: str) -> str:
     """One shell command or tool invocation, rewritten so incidental differences disappear."""
     text = text.replace("\r\n", "\n").replace("\r", "\n").strip()
     text = _normalise_paths_and_ids(text)
     text = _normalise_line_numbers(text)
-    text = _QUOTED_TOKEN.sub(r"\2", text)
+    if "'" in text or '"' in text:
+        text = _QUOTED_TOKEN.sub(r"\2", text)
     return _WHITESPACE.sub(" ", text).strip()
 
 
@@ -162,18 +173,25 @@ def _is_integral(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(_is_integral(item) for item in value)
 
 
+# Each rule runs only when a cheap substring test says it could match: most actions need none of them.
 def _normalise_paths_and_ids(text: str) -> str:
-    text = _TEMP_DIR.sub("<TMP>", text)
-    text = _HOME_DIR.sub("~", text)
-    text = _UUID.sub("<UUID>", text)
+    if "/tmp/" in text or "/var/" in text or "/dev/shm/" in text:
+        text = _TEMP_DIR.sub("<TMP>", text)
+    if "/home/" in text or "/Users/" in text or "/root" in text:
+        text = _HOME_DIR.sub("~", text)
+    if "-" in text:
+        text = _UUID.sub("<UUID>", text)
     return _HEX_ID.sub("<HEX>", text)
 
 
 def _normalise_line_numbers(text: str) -> str:
-    text = _LINE_RANGE.sub(r"<N>\1:\2<N>", text)
-    text = _SED_RANGE.sub(r"<N>,<N>\1", text)
-    text = _FILE_LINE.sub(r"\1:<N>", text)
-    text = _HEAD_TAIL.sub(r"\1\2<N>", text)
+    if ":" in text:
+        text = _LINE_RANGE.sub(r"<N>\1:\2<N>", text)
+        text = _FILE_LINE.sub(r"\1:<N>", text)
+    if "," in text:
+        text = _SED_RANGE.sub(r"<N>,<N>\1", text)
+    if "head" in text or "tail" in text:
+        text = _HEAD_TAIL.sub(r"\1\2<N>", text)
     first_line, newline, rest = text.partition("\n")
     words = first_line.split(None, 1)
     if words and words[0] in _WINDOW_COMMANDS:

@@ -89,7 +89,7 @@ def train(rows_train: Iterable[Row], *, spec: DatasetSpec | None = None, seed: i
     if len(set(labels.tolist())) < 2:
         raise DistillError("training rows need both successful and failed outcomes")
     model = BaselineModel(
-        classifier=LogisticRegression(max_iter=2000, class_weight="balanced", random_state=seed)
+        classifier=LogisticRegression(solver="liblinear", class_weight="balanced", random_state=seed)
     )
     if spec is not None:
         model.spec = spec

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from experience.distill import commands
 from experience.distill.decisions import decision_points, model_tool_calls
@@ -75,17 +75,15 @@ class _Workspace:
     """What the run has done to its files so far: the open file and the files it created."""
 
     open_file: str | None = None
-    created: dict[str, str] | None = None  # path -> role
+    created: dict[str, str] = field(default_factory=dict)  # path -> role
 
     def role_of(self, path: str) -> str | None:
-        for created_path, role in (self.created or {}).items():
+        for created_path, role in self.created.items():
             if commands.same_file(created_path, path):
                 return role
         return None
 
     def record_created(self, path: str, role: str) -> None:
-        if self.created is None:
-            self.created = {}
         self.created.setdefault(path, role)
 
 

@@ -68,8 +68,10 @@ def _emit(fileobj: IO[Any], text: str) -> None:
 
 
 def _root(record: TrajectoryRecord) -> dict[str, Any]:
-    agent: dict[str, Any] = {"name": record.harness or record.source_format or "unknown",
-                             "version": str(record.metadata.get("agent_version") or "unknown")}
+    agent: dict[str, Any] = {
+        "name": record.harness or record.source_format or "unknown",
+        "version": str(record.metadata.get("agent_version") or "unknown"),
+    }
     if record.model:
         agent["model_name"] = record.model
     return {
@@ -128,7 +130,9 @@ def iter_steps(record: TrajectoryRecord) -> Iterator[dict[str, Any]]:
 class _Turn:
     """An ATIF step being filled: the Trove steps folded into it so far."""
 
-    def __init__(self, source: str, message: str, moment: datetime | None, *, continuation: bool = False) -> None:
+    def __init__(
+        self, source: str, message: str, moment: datetime | None, *, continuation: bool = False
+    ) -> None:
         self.body: dict[str, Any] = {"source": source, "message": message}
         if moment is not None:
             self.body["timestamp"] = moment.isoformat()
@@ -138,12 +142,15 @@ class _Turn:
         self.exit_codes: dict[str, int] = {}
         self.continuation = continuation
         self.pending_call: str | None = None  # a tool call still waiting for its answer
-        self.closed = False  # an unmatched result arrived: later actions would reorder, so they open a new turn
+        # an unanswered result arrived: a later action would be read back before it, so it opens a new turn
+        self.closed = False
         self.response_calls: list[dict[str, Any]] = []
 
     def finish(self, step_id: int) -> dict[str, Any]:
         body = {"step_id": step_id, **self.body}
-        calls = self.calls or [_atif_call(c, f"call_{step_id}_{i}") for i, c in enumerate(self.response_calls)]
+        calls = self.calls or [
+            _atif_call(c, f"call_{step_id}_{i}") for i, c in enumerate(self.response_calls)
+        ]
         if calls:
             body["tool_calls"] = calls
         if self.results:
@@ -175,9 +182,11 @@ class _Folder:
                 yield from self._open(_Turn("agent", "", step.started_at, continuation=True))
             assert self.turn is not None
             self._add_action(self.turn, index, step)
-        else:  # observation-like, or a tool message
-            if self.turn is None:
-                yield from self._open(_Turn("system", "", step.started_at or step.ended_at, continuation=True))
+        else:  # observation-like, or a tool message; ATIF gives observations to agent and system steps
+            if self.turn is None or self.turn.body["source"] == "user":
+                yield from self._open(
+                    _Turn("system", "", step.started_at or step.ended_at, continuation=True)
+                )
             assert self.turn is not None
             self._add_result(self.turn, step)
 
@@ -197,8 +206,9 @@ class _Folder:
             call_id = _fresh_id(turn, step.payload.get("tool_call_id") or f"call_{index}")
             tool = step.payload.get("tool")
             name = tool if isinstance(tool, str) and tool.lower() in SHELL_TOOLS else "bash"
-            turn.calls.append({"tool_call_id": call_id, "function_name": name,
-                               "arguments": {"command": step.command or ""}})
+            turn.calls.append(
+                {"tool_call_id": call_id, "function_name": name, "arguments": {"command": step.command or ""}}
+            )
             if step.output is not None:
                 turn.results.append({"source_call_id": call_id, "content": step.output})
             if step.exit_code is not None:

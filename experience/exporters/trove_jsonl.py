@@ -95,8 +95,9 @@ def _step_from_dict(data: Any, index: int) -> StepRecord:
     if messages is not None:
         if not isinstance(messages, list):
             raise TypeError(f"{where}.request_messages: must be a list")
-        values["request_messages"] = [_message_from_dict(m, f"{where}.request_messages[{i}]")
-                                      for i, m in enumerate(messages)]
+        values["request_messages"] = [
+            _message_from_dict(m, f"{where}.request_messages[{i}]") for i, m in enumerate(messages)
+        ]
     return StepRecord(**values)
 
 

@@ -122,7 +122,9 @@ def iter_records(
         ) from exc
 
 
-def read_all(path: str | Path, format: str | None = None, *, name: str | None = None) -> list[TrajectoryRecord]:
+def read_all(
+    path: str | Path, format: str | None = None, *, name: str | None = None
+) -> list[TrajectoryRecord]:
     """Every run of the file, or an error and nothing. Holds them all: for files that fit in memory."""
     return list(iter_records(path, format, name=name))
 

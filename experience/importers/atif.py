@@ -95,8 +95,10 @@ def _record(document: Any, loc: Location) -> TrajectoryRecord:
         reward=number_or_none(run.get("reward", extra.get("reward"))),
         success=_bool(run.get("success", extra.get("success"))),
         cost=number_or_none(metrics.get("total_cost_usd")),
-        started_at=parse_time(run.get("started_at"), loc, "extra.trove.started_at") or (min(times) if times else None),
-        finished_at=parse_time(run.get("finished_at"), loc, "extra.trove.finished_at") or (max(times) if times else None),
+        started_at=parse_time(run.get("started_at"), loc, "extra.trove.started_at")
+        or (min(times) if times else None),
+        finished_at=parse_time(run.get("finished_at"), loc, "extra.trove.finished_at")
+        or (max(times) if times else None),
         final_diff=str(run.get("final_diff") or ""),
         metadata=_metadata(document, agent, run, metrics),
         steps=steps,
@@ -124,8 +126,11 @@ def _steps(raw: Any, loc: Location, where: str) -> list[StepRecord]:
     calls = optional(raw, "tool_calls", list, loc, prefix=where + ".") or []
     steps: list[StepRecord] = []
     if not hint.get("continuation"):
-        steps.append(_agent_call(raw, calls, moment) if source == "agent"
-                     else message_step(source, content_text(raw.get("message")), started_at=moment))
+        steps.append(
+            _agent_call(raw, calls, moment)
+            if source == "agent"
+            else message_step(source, content_text(raw.get("message")), started_at=moment)
+        )
     results = [r for r in as_list(as_dict(raw.get("observation")).get("results")) if isinstance(r, dict)]
     # Trove marks a reply's tool calls that did not run as steps of their own (e.g. OpenHands "think")
     actions = [] if hint.get("calls_not_steps") else calls
@@ -165,9 +170,9 @@ def _actions(
     by_id: dict[str, dict[str, Any]] = {}
     loose: list[dict[str, Any]] = []
     for result in results:
-        call_id = result.get("source_call_id")
-        if isinstance(call_id, str) and call_id and call_id not in by_id:
-            by_id[call_id] = result
+        source = result.get("source_call_id")
+        if isinstance(source, str) and source and source not in by_id:
+            by_id[source] = result
         else:
             loose.append(result)
     steps: list[StepRecord] = []
@@ -175,11 +180,12 @@ def _actions(
         prefix = f"{where}.tool_calls[{index}]."
         call_id = require(call, "tool_call_id", str, loc, prefix=prefix)
         name = require(call, "function_name", str, loc, prefix=prefix)
-        arguments = as_dict(call.get("arguments"))
-        result = by_id.pop(call_id, None)
-        steps += _action(call_id, name, arguments, result, exit_codes.get(call_id))
-    for result in [*by_id.values(), *loose]:
-        steps.append(StepRecord(kind="observation", text=_result_text(result), payload=_call_payload(result)))
+        answer = by_id.pop(call_id, None)
+        steps += _action(call_id, name, as_dict(call.get("arguments")), answer, exit_codes.get(call_id))
+    for leftover in [*by_id.values(), *loose]:
+        steps.append(
+            StepRecord(kind="observation", text=_result_text(leftover), payload=_call_payload(leftover))
+        )
     return steps
 
 
@@ -192,9 +198,13 @@ def _action(
         code = exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None
         output = _result_text(result) if result is not None else None
         return [StepRecord(kind="command", command=command, output=output, exit_code=code, payload=payload)]
-    steps = [StepRecord(kind="tool_call", tool_calls=[openai_tool_call(call_id, name, arguments)], payload=payload)]
+    steps = [
+        StepRecord(kind="tool_call", tool_calls=[openai_tool_call(call_id, name, arguments)], payload=payload)
+    ]
     if result is not None:
-        steps.append(StepRecord(kind="observation", text=_result_text(result), payload={"tool_call_id": call_id}))
+        steps.append(
+            StepRecord(kind="observation", text=_result_text(result), payload={"tool_call_id": call_id})
+        )
     return steps
 
 
@@ -212,7 +222,9 @@ def _relabel(step: StepRecord, kind: str) -> StepRecord:
 
 
 def _openai(call: dict[str, Any]) -> dict[str, Any]:
-    return openai_tool_call(call.get("tool_call_id"), call.get("function_name"), as_dict(call.get("arguments")))
+    return openai_tool_call(
+        call.get("tool_call_id"), call.get("function_name"), as_dict(call.get("arguments"))
+    )
 
 
 def _result_text(result: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ Conventions every importer follows (so the store sees one vocabulary whatever th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterator
@@ -101,7 +102,9 @@ def parse_json_bytes(data: bytes, loc: Location) -> Any:
         # a JSON document ends with its closing bracket; one that does not was cut short
         truncated = not data.rstrip().endswith((b"}", b"]"))
         hint = " (the file ends early: truncated?)" if truncated else " (corrupted?)"
-        raise loc.malformed(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}{hint}") from None
+        raise loc.malformed(
+            f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}{hint}"
+        ) from None
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
@@ -144,7 +147,14 @@ class UniqueRefs:
 
 # ---------------------------------------------------------------- typed field access
 
-_TYPE_NAMES = {dict: "an object", list: "a list", str: "text", int: "an integer", float: "a number", bool: "true/false"}
+_TYPE_NAMES = {
+    dict: "an object",
+    list: "a list",
+    str: "text",
+    int: "an integer",
+    float: "a number",
+    bool: "true/false",
+}
 
 
 def require(obj: Any, key: str, kind: type | tuple[type, ...], loc: Location, *, prefix: str = "") -> Any:
@@ -184,6 +194,10 @@ def as_dict(value: Any) -> dict[str, Any]:
 
 def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
+
+
+def text_or_empty(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def count_or_none(value: Any) -> int | None:
@@ -303,11 +317,15 @@ def normalise_tool_calls(calls: Any) -> list[dict[str, Any]] | None:
             continue
         function = call.get("function")
         if isinstance(function, dict):
-            normalised.append(openai_tool_call(call.get("id"), function.get("name"), function.get("arguments")))
+            normalised.append(
+                openai_tool_call(call.get("id"), function.get("name"), function.get("arguments"))
+            )
         elif isinstance(function, str):
             normalised.append(openai_tool_call(call.get("id"), function, call.get("arguments")))
         elif "name" in call:
-            normalised.append(openai_tool_call(call.get("id"), call["name"], call.get("input", call.get("arguments"))))
+            normalised.append(
+                openai_tool_call(call.get("id"), call["name"], call.get("input", call.get("arguments")))
+            )
     return normalised or None
 
 
@@ -347,6 +365,11 @@ def message_record(message: dict[str, Any]) -> MessageRecord:
 def message_step(role: str, text: str, **fields: Any) -> StepRecord:
     payload = {"role": role, **fields.pop("payload", {})}
     return StepRecord(kind="message", text=text, payload=payload, **fields)
+
+
+def task_hash(instruction: str) -> str:
+    """A task key for runs whose source names no task: runs given the same instruction share it."""
+    return "sha256:" + hashlib.sha256(instruction.encode()).hexdigest()[:16]
 
 
 def looks_like_diff(text: Any) -> bool:

@@ -83,8 +83,13 @@ def _flush(turn: _Turn | None, steps: list[StepRecord]) -> None:
         result = by_id.pop(call_id, None) if call_id else (unmatched.pop(0) if unmatched else None)
         steps.extend(_action_steps(call, call_id, name, arguments, result))
     for result in [*by_id.values(), *unmatched]:
-        steps.append(StepRecord(kind="observation", text=content_text(result.get("content")),
-                                payload=_tool_payload(result.get("tool_call_id"))))
+        steps.append(
+            StepRecord(
+                kind="observation",
+                text=content_text(result.get("content")),
+                payload=_tool_payload(result.get("tool_call_id")),
+            )
+        )
 
 
 def _action_steps(
@@ -93,9 +98,17 @@ def _action_steps(
     output = content_text(result.get("content")) if result is not None else None
     command = shell_command(name, arguments)
     if command is not None:
-        return [StepRecord(kind="command", command=command, output=output,
-                           payload={"tool": name, **_tool_payload(call_id)})]
-    steps = [StepRecord(kind="tool_call", tool_calls=[call], payload={"tool": name, **_tool_payload(call_id)})]
+        return [
+            StepRecord(
+                kind="command",
+                command=command,
+                output=output,
+                payload={"tool": name, **_tool_payload(call_id)},
+            )
+        ]
+    steps = [
+        StepRecord(kind="tool_call", tool_calls=[call], payload={"tool": name, **_tool_payload(call_id)})
+    ]
     if result is not None:
         steps.append(StepRecord(kind="observation", text=output or "", payload=_tool_payload(call_id)))
     return steps

@@ -42,6 +42,7 @@ from experience.importers.base import (
     reasoning_text,
     seconds_to_ms,
     shell_command,
+    sum_counts,
     unique_call_ids,
 )
 from experience.importers.chat import steps_from_chat
@@ -103,14 +104,20 @@ def _parse_eval_zip(path: Path) -> Iterator[TrajectoryRecord]:
             names = archive.namelist()
             header_name = "header.json" if "header.json" in names else "_journal/start.json"
             if header_name not in names:
-                raise loc.malformed("no header.json or _journal/start.json in the archive (not an Inspect .eval log?)")
+                raise loc.malformed(
+                    "no header.json or _journal/start.json in the archive (not an Inspect .eval log?)"
+                )
             header = _header(_member_json(archive, header_name, loc), loc)
-            samples = sorted((n for n in names if n.startswith("samples/") and n.endswith(".json")), key=_sample_order)
+            samples = sorted(
+                (n for n in names if n.startswith("samples/") and n.endswith(".json")), key=_sample_order
+            )
             for index, member in enumerate(samples):
                 sample_loc = Location(path, record=index)
                 yield _record(header, _member_json(archive, member, sample_loc), sample_loc, f"{member}: ")
     except zipfile.BadZipFile as exc:
-        raise loc.malformed(f"not a readable zip archive ({exc}): truncated or corrupted .eval log?") from None
+        raise loc.malformed(
+            f"not a readable zip archive ({exc}): truncated or corrupted .eval log?"
+        ) from None
     except (zlib.error, EOFError) as exc:
         raise loc.malformed(f"archive member cannot be decompressed ({exc}): corrupted .eval log?") from None
 
@@ -119,8 +126,9 @@ def _member_json(archive: zipfile.ZipFile, member: str, loc: Location) -> Any:
     try:
         data = archive.read(member)
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
-        raise ImportFormatError(loc.path, f"{member}: cannot be read from the archive ({exc}): corrupted?",
-                                record=loc.record) from None
+        raise ImportFormatError(
+            loc.path, f"{member}: cannot be read from the archive ({exc}): corrupted?", record=loc.record
+        ) from None
     return parse_json_bytes(data, loc)
 
 
@@ -139,7 +147,9 @@ class _Header:
         self.version = str(log.get("version") or "")
         self.eval = eval_spec
         self.status = log.get("status")
-        self.identity = str(eval_spec.get("eval_id") or f"{eval_spec.get('run_id')}.{eval_spec.get('task_id')}")
+        self.identity = str(
+            eval_spec.get("eval_id") or f"{eval_spec.get('run_id')}.{eval_spec.get('task_id')}"
+        )
         self.task = str(eval_spec.get("task") or "")
         self.model = str(eval_spec.get("model") or "")
         self.agent_version = str(as_dict(eval_spec.get("packages")).get("inspect_ai") or "")
@@ -199,8 +209,8 @@ def _metadata(header: _Header, sample: dict[str, Any], scorer: str | None, epoch
         "reward_scorer": scorer,
         "sample_metadata": as_dict(sample.get("metadata")),
         "usage": {
-            "tokens_in": _sum(count_or_none(u.get("input_tokens")) for u in usage),
-            "tokens_out": _sum(count_or_none(u.get("output_tokens")) for u in usage),
+            "tokens_in": sum_counts([count_or_none(u.get("input_tokens")) for u in usage]),
+            "tokens_out": sum_counts([count_or_none(u.get("output_tokens")) for u in usage]),
             "api_calls": None,
         },
     }
@@ -210,11 +220,6 @@ def _metadata(header: _Header, sample: dict[str, Any], scorer: str | None, epoch
     if header.agent_version:
         metadata["agent_version"] = header.agent_version
     return metadata
-
-
-def _sum(values: Any) -> int | None:
-    present = [v for v in values if v is not None]
-    return sum(present) if present else None
 
 
 def _instruction(sample_input: Any) -> str:
@@ -251,7 +256,7 @@ def _resolve(value: Any, attachments: dict[str, Any]) -> Any:
     """Put attachment text back where Inspect replaced it with "attachment://<hash>"."""
     if isinstance(value, str):
         if value.startswith(_ATTACHMENT):
-            return attachments.get(value[len(_ATTACHMENT):], value)
+            return attachments.get(value[len(_ATTACHMENT) :], value)
         return value
     if isinstance(value, list):
         return [_resolve(v, attachments) for v in value]
@@ -292,7 +297,7 @@ class _ScorerSpans:
         self.open_steps: list[str] = []
 
     def inside(self, event: dict[str, Any]) -> bool:
-        kind = event.get("event")
+        kind = event.get("event") if isinstance(event.get("event"), str) else None
         if kind == "span_begin" and isinstance(event.get("id"), str):
             self.span_type[event["id"]] = str(event.get("type") or "")
             self.span_parent[event["id"]] = event.get("parent_id")
@@ -339,7 +344,7 @@ def _opening(messages: list[Any]) -> list[StepRecord]:
 
 
 def _event_steps(event: dict[str, Any], loc: Location, where: str) -> list[StepRecord]:
-    kind = event.get("event")
+    kind = event.get("event") if isinstance(event.get("event"), str) else None
     started = parse_time(event.get("timestamp"), loc, where + ".timestamp")
     ended = parse_time(event.get("completed"), loc, where + ".completed")
     if ended and started and ended < started:
@@ -410,12 +415,32 @@ def _tool(event: dict[str, Any], started: datetime | None, ended: datetime | Non
     command = shell_command(name, arguments)
     if command is not None:
         text = result or content_text(error.get("message"))
-        return [StepRecord(kind="command", command=command, output=text, started_at=started, ended_at=ended,
-                           duration_ms=duration, is_error=bool(error), payload=payload)]
-    call = StepRecord(kind="tool_call", tool_calls=[openai_tool_call(call_id, name, arguments)], started_at=started,
-                      payload=dict(payload))
-    answer = StepRecord(kind="observation", text=result or content_text(error.get("message")), ended_at=ended,
-                        duration_ms=duration, is_error=bool(error), payload=payload)
+        return [
+            StepRecord(
+                kind="command",
+                command=command,
+                output=text,
+                started_at=started,
+                ended_at=ended,
+                duration_ms=duration,
+                is_error=bool(error),
+                payload=payload,
+            )
+        ]
+    call = StepRecord(
+        kind="tool_call",
+        tool_calls=[openai_tool_call(call_id, name, arguments)],
+        started_at=started,
+        payload=dict(payload),
+    )
+    answer = StepRecord(
+        kind="observation",
+        text=result or content_text(error.get("message")),
+        ended_at=ended,
+        duration_ms=duration,
+        is_error=bool(error),
+        payload=payload,
+    )
     return [call, answer]
 
 
@@ -437,8 +462,11 @@ def _sandbox(event: dict[str, Any], started: datetime | None, ended: datetime | 
 def _score(event: dict[str, Any], started: datetime | None) -> StepRecord:
     score = as_dict(event.get("score"))
     text = content_text(score.get("explanation") or score.get("answer") or "")
-    payload = {"value": score.get("value"), "reward": _score_value(score.get("value")),
-               "intermediate": bool(event.get("intermediate"))}
+    payload = {
+        "value": score.get("value"),
+        "reward": _score_value(score.get("value")),
+        "intermediate": bool(event.get("intermediate")),
+    }
     if event.get("target") is not None:
         payload["target"] = event["target"]
     if score.get("answer") is not None:
@@ -452,5 +480,10 @@ def _note(event: dict[str, Any], kind: str, started: datetime | None) -> StepRec
         text = body["message"]
     else:
         text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False, default=str)
-    return StepRecord(kind="note", text=text, started_at=started, is_error=kind in ("error", "sample_limit"),
-                      payload={"event": kind})
+    return StepRecord(
+        kind="note",
+        text=text,
+        started_at=started,
+        is_error=kind in ("error", "sample_limit"),
+        payload={"event": kind},
+    )

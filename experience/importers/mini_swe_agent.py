@@ -39,9 +39,11 @@ from experience.importers.base import (
     read_tail,
     ref_name,
     require,
+    sum_counts,
+    text_or_empty,
     unique_call_ids,
 )
-from experience.records import StepRecord, TrajectoryRecord
+from experience.records import MessageRecord, StepRecord, TrajectoryRecord
 
 FORMAT = "mini_swe_agent"
 SOURCE_FORMAT = "mini-swe-agent-traj"
@@ -75,7 +77,7 @@ def _record(
 ) -> TrajectoryRecord:
     steps = unique_call_ids(_steps(messages, loc))
     stats = as_dict(info.get("model_stats"))
-    submission = info.get("submission") if isinstance(info.get("submission"), str) else ""
+    submission = text_or_empty(info.get("submission"))
     times = [t for s in steps for t in (s.started_at, s.ended_at) if t]
     instance = doc.get("instance_id") or info.get("instance_id")
     return TrajectoryRecord(
@@ -100,19 +102,25 @@ def _steps(messages: list[dict], loc: Location) -> list[StepRecord]:
     steps: list[StepRecord] = []
     pending: list[tuple[str | None, StepRecord]] = []  # commands of the last assistant turn awaiting output
     opening = True
+    context = [message_record(m) for m in messages]  # shared by every call's context, not copied
     for index, message in enumerate(messages):
         role = str(message.get("role") or "")
         extra = as_dict(message.get("extra"))
         if role == "assistant":
             opening = False
-            call = _model_call(message, extra, messages[:index], loc, index)
+            call = _model_call(message, extra, context[:index], loc, index)
             commands = [_command(action, call) for action in _actions(message, extra)]
             steps.append(call)
             steps.extend(step for _, step in commands)
             pending = commands
         elif role == "exit":
-            steps.append(StepRecord(kind="note", text=content_text(message.get("content")),
-                                    payload={"exit_status": extra.get("exit_status")}))
+            steps.append(
+                StepRecord(
+                    kind="note",
+                    text=content_text(message.get("content")),
+                    payload={"exit_status": extra.get("exit_status")},
+                )
+            )
         elif opening and role in ("system", "user"):
             steps.append(message_step(role, content_text(message.get("content"))))
         elif pending and _is_result(message, extra):
@@ -122,7 +130,9 @@ def _steps(messages: list[dict], loc: Location) -> list[StepRecord]:
     return steps
 
 
-def _model_call(message: dict, extra: dict, context: list[dict], loc: Location, index: int) -> StepRecord:
+def _model_call(
+    message: dict, extra: dict, context: list[MessageRecord], loc: Location, index: int
+) -> StepRecord:
     response = as_dict(extra.get("response"))
     usage = as_dict(response.get("usage"))
     ended = parse_time(extra.get("timestamp"), loc, f"messages[{index}].extra.timestamp")
@@ -131,7 +141,7 @@ def _model_call(message: dict, extra: dict, context: list[dict], loc: Location, 
         payload["cost"] = extra["cost"]
     return StepRecord(
         kind="model_call",
-        request_messages=[message_record(m) for m in context],
+        request_messages=context,
         response_text=content_text(message.get("content")),
         text=content_text(message.get("reasoning_content")),
         tool_calls=normalise_tool_calls(message.get("tool_calls")),
@@ -156,8 +166,9 @@ def _actions(message: dict, extra: dict) -> list[dict[str, Any]]:
 def _command(action: dict[str, Any], call: StepRecord) -> tuple[str | None, StepRecord]:
     call_id = action.get("tool_call_id") if isinstance(action.get("tool_call_id"), str) else None
     payload = {"tool_call_id": call_id} if call_id else {}
-    step = StepRecord(kind="command", command=str(action.get("command") or ""), started_at=call.ended_at,
-                      payload=payload)
+    step = StepRecord(
+        kind="command", command=str(action.get("command") or ""), started_at=call.ended_at, payload=payload
+    )
     return call_id, step
 
 
@@ -168,7 +179,7 @@ def _is_result(message: dict, extra: dict) -> bool:
 
 
 def _take(pending: list[tuple[str | None, StepRecord]], call_id: Any) -> StepRecord:
-    for index, (pending_id, step) in enumerate(pending):
+    for index, (pending_id, _) in enumerate(pending):
         if call_id and pending_id == call_id:
             return pending.pop(index)[1]
     return pending.pop(0)[1]
@@ -218,16 +229,11 @@ def _metadata(info: dict, stats: dict, submission: str, steps: list[StepRecord])
         "submission": submission,
         "model_stats": stats,
         "usage": {
-            "tokens_in": _total(s.tokens_in for s in steps),
-            "tokens_out": _total(s.tokens_out for s in steps),
+            "tokens_in": sum_counts([s.tokens_in for s in steps]),
+            "tokens_out": sum_counts([s.tokens_out for s in steps]),
             "api_calls": count_or_none(stats.get("api_calls")),
         },
     }
     if info.get("mini_version"):
         metadata["agent_version"] = metadata["mini_version"] = info["mini_version"]
     return metadata
-
-
-def _total(values: Any) -> int | None:
-    present = [v for v in values if v is not None]
-    return sum(present) if present else None

@@ -10,7 +10,6 @@ A line without task_id is grouped by its first user message: task_key "sha256:<f
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +26,8 @@ from experience.importers.base import (
     optional,
     ref_name,
     require,
+    task_hash,
+    text_or_empty,
 )
 from experience.importers.chat import steps_from_chat
 from experience.records import TrajectoryRecord
@@ -34,7 +35,17 @@ from experience.records import TrajectoryRecord
 FORMAT = "openai_messages"
 SOURCE_FORMAT = "openai-messages"
 _MESSAGES = re.compile(rb'"messages"\s*:\s*\[\s*\{\s*"role"')
-_KNOWN_KEYS = {"messages", "task_id", "task_key", "id", "reward", "success", "model", "metadata", "instruction"}
+_KNOWN_KEYS = {
+    "messages",
+    "task_id",
+    "task_key",
+    "id",
+    "reward",
+    "success",
+    "model",
+    "metadata",
+    "instruction",
+}
 
 
 def detect(path: Path, head: bytes) -> bool:
@@ -60,14 +71,14 @@ def _record(path: Path, name: str | None, obj: Any, loc: Location, refs: UniqueR
     reward = optional(obj, "reward", float, loc)
     success = optional(obj, "success", bool, loc)
     identity = obj.get("id") if obj.get("id") is not None else f"line-{loc.line}"
-    instruction = obj.get("instruction") if isinstance(obj.get("instruction"), str) else _first_user(messages)
+    instruction = text_or_empty(obj.get("instruction")) or _first_user(messages)
     metadata = dict(optional(obj, "metadata", dict, loc) or {})
     metadata.update({k: v for k, v in obj.items() if k not in _KNOWN_KEYS})
     return TrajectoryRecord(
         source="import",
         source_format=SOURCE_FORMAT,
         source_ref=refs.take(f"openai-messages:{ref_name(path, name)}#{identity}"),
-        task_key=str(obj.get("task_id") or obj.get("task_key") or _task_hash(instruction)),
+        task_key=str(obj.get("task_id") or obj.get("task_key") or task_hash(instruction)),
         instruction=instruction,
         model=str(obj.get("model") or next((s.model for s in steps if s.model), "") or ""),
         reward=float(reward) if reward is not None else None,
@@ -82,7 +93,3 @@ def _first_user(messages: list[Any]) -> str:
         if as_dict(message).get("role") == "user":
             return content_text(message.get("content"))
     return ""
-
-
-def _task_hash(instruction: str) -> str:
-    return "sha256:" + hashlib.sha256(instruction.encode()).hexdigest()[:16]

@@ -51,6 +51,7 @@ from experience.importers.base import (
     ref_name,
     require,
     seconds_to_ms,
+    task_hash,
     unique_call_ids,
 )
 from experience.records import StepRecord, TrajectoryRecord
@@ -75,7 +76,11 @@ def _is_output_jsonl(head: bytes) -> bool:
         return isinstance(line.get("history"), list) and ("instruction" in line or "instance_id" in line)
     # a first line longer than the head: judge by the keys OpenHands writes before the history
     start = first_line(head)
-    return start.startswith(b"{") and b'"history"' in start and (b'"instruction"' in start or b'"instance_id"' in start)
+    return (
+        start.startswith(b"{")
+        and b'"history"' in start
+        and (b'"instruction"' in start or b'"instance_id"' in start)
+    )
 
 
 def parse(path: Path, *, name: str | None = None) -> Iterator[TrajectoryRecord]:
@@ -102,7 +107,7 @@ def _event_stream_record(path: Path, name: str | None) -> TrajectoryRecord:
         source_format=EVENTS_FORMAT,
         source_version=summary.version,
         source_ref=f"openhands:{ref_name(path, name)}",
-        task_key=path.stem,
+        task_key=task_hash(summary.first_user_text) if summary.first_user_text else path.stem,
         instruction=summary.first_user_text,
         harness="openhands",
         model=summary.model,
@@ -113,7 +118,9 @@ def _event_stream_record(path: Path, name: str | None) -> TrajectoryRecord:
     )
 
 
-def _output_record(path: Path, name: str | None, obj: Any, loc: Location, refs: UniqueRefs) -> TrajectoryRecord:
+def _output_record(
+    path: Path, name: str | None, obj: Any, loc: Location, refs: UniqueRefs
+) -> TrajectoryRecord:
     if not isinstance(obj, dict):
         raise loc.invalid(None, "each line must be a JSON object")
     events = require(obj, "history", list, loc)
@@ -125,7 +132,11 @@ def _output_record(path: Path, name: str | None, obj: Any, loc: Location, refs: 
     steps += _closing_steps(obj, success)
     llm = as_dict(meta.get("llm_config"))
     test_result = as_dict(obj.get("test_result"))
-    patch = test_result.get("git_patch") if isinstance(test_result.get("git_patch"), str) else obj.get("git_patch")
+    patch = (
+        test_result.get("git_patch")
+        if isinstance(test_result.get("git_patch"), str)
+        else obj.get("git_patch")
+    )
     return TrajectoryRecord(
         source="import",
         source_format=OUTPUT_FORMAT,
@@ -159,7 +170,11 @@ def _task_key(obj: dict[str, Any], loc: Location) -> str:
 def _verdict(obj: dict[str, Any]) -> tuple[bool | None, float | None]:
     """success from a resolver line, or `resolved` from an evaluation report."""
     report = as_dict(as_dict(obj.get("test_result")).get("report"))
-    for value in (obj.get("success"), report.get("resolved"), as_dict(obj.get("test_result")).get("resolved")):
+    for value in (
+        obj.get("success"),
+        report.get("resolved"),
+        as_dict(obj.get("test_result")).get("resolved"),
+    ):
         if isinstance(value, bool):
             return value, 1.0 if value else 0.0
     return None, None
@@ -173,10 +188,15 @@ def _closing_steps(obj: dict[str, Any], success: bool | None) -> list[StepRecord
         if report:
             payload["report"] = report
         explanation = obj.get("result_explanation")
-        steps.append(StepRecord(kind="eval", text=content_text(explanation) if explanation else "", payload=payload))
+        steps.append(
+            StepRecord(kind="eval", text=content_text(explanation) if explanation else "", payload=payload)
+        )
     if obj.get("error"):
-        steps.append(StepRecord(kind="note", text=content_text(obj["error"]), is_error=True,
-                                payload={"source": "run_error"}))
+        steps.append(
+            StepRecord(
+                kind="note", text=content_text(obj["error"]), is_error=True, payload={"source": "run_error"}
+            )
+        )
     return steps
 
 
@@ -186,7 +206,9 @@ def _output_metadata(obj: dict, meta: dict, metrics: dict, summary: _Summary) ->
     metadata["usage"] = {
         "tokens_in": count_or_none(usage.get("prompt_tokens")),
         "tokens_out": count_or_none(usage.get("completion_tokens")),
-        "api_calls": len(as_list(metrics.get("response_latencies"))) or len(as_list(metrics.get("costs"))) or None,
+        "api_calls": len(as_list(metrics.get("response_latencies")))
+        or len(as_list(metrics.get("costs")))
+        or None,
     }
     for key in ("instance_id", "error", "result_explanation", "issue_type", "base_commit", "comment_success"):
         if obj.get(key) is not None:
@@ -195,10 +217,15 @@ def _output_metadata(obj: dict, meta: dict, metrics: dict, summary: _Summary) ->
         if meta.get(key) is not None:
             metadata[key] = meta[key]
     if isinstance(obj.get("issue"), dict):
-        metadata["issue"] = {k: v for k, v in obj["issue"].items() if k in ("owner", "repo", "number", "title")}
+        metadata["issue"] = {
+            k: v for k, v in obj["issue"].items() if k in ("owner", "repo", "number", "title")
+        }
     if isinstance(obj.get("instance"), dict):
-        metadata["instance"] = {k: v for k, v in obj["instance"].items() if isinstance(v, str | int) and k != "problem_statement"
-                                and len(str(v)) < 500}
+        metadata["instance"] = {
+            k: v
+            for k, v in obj["instance"].items()
+            if isinstance(v, str | int) and k != "problem_statement" and len(str(v)) < 500
+        }
     if isinstance(metrics.get("costs"), list):
         metadata["call_costs"] = [c.get("cost") if isinstance(c, dict) else c for c in metrics["costs"]]
     return metadata
@@ -244,9 +271,10 @@ class _EventWalk:
         self.loc = loc
         self.prefix = prefix
         self.summary = _Summary()
-        self.latency = {x.get("response_id"): x.get("latency") for x in as_list(metrics.get("response_latencies"))
-                        if isinstance(x, dict)}
-        self.usage = {x.get("response_id"): x for x in as_list(metrics.get("token_usages")) if isinstance(x, dict)}
+        self.latency = {
+            x["response_id"]: x.get("latency") for x in _by_response(metrics, "response_latencies")
+        }
+        self.usage = {x["response_id"]: x for x in _by_response(metrics, "token_usages")}
         self.seen_responses: set[str] = set()
         has_ids = all("id" in e for e in events)
         self.answer = self._answers_by_cause() if has_ids else self._answers_by_position()
@@ -254,14 +282,14 @@ class _EventWalk:
 
     def _answers_by_cause(self) -> dict[int, int]:
         index_of = {e["id"]: i for i, e in enumerate(self.events)}
-        answers = {}
+        answers: dict[int, int] = {}
         for i, event in enumerate(self.events):
             if "observation" in event and event.get("cause") in index_of:
                 answers.setdefault(index_of[event["cause"]], i)
         return answers
 
     def _answers_by_position(self) -> dict[int, int]:
-        answers = {}
+        answers: dict[int, int] = {}
         for i, event in enumerate(self.events[:-1]):
             if "action" in event and "observation" in self.events[i + 1]:
                 answers[i] = i + 1
@@ -279,8 +307,6 @@ class _EventWalk:
     def steps(self) -> list[StepRecord]:
         steps: list[StepRecord] = []
         for index, event in enumerate(self.events):
-            if not isinstance(event, dict):
-                raise self.loc.invalid(self.where(index), "must be an object")
             if index in self.consumed:
                 continue
             if "action" in event:
@@ -300,7 +326,12 @@ class _EventWalk:
         moment = self.time(event, index)
         self._learn(event, kind, args)
         steps = self._model_call(event, moment)
-        if not steps and isinstance(args.get("thought"), str) and args["thought"] and kind not in _MESSAGE_ACTIONS:
+        if (
+            not steps
+            and isinstance(args.get("thought"), str)
+            and args["thought"]
+            and kind not in _MESSAGE_ACTIONS
+        ):
             # the older layout keeps the model's reasoning only on the action
             steps.append(message_step("assistant", args["thought"], started_at=moment, payload=_ids(event)))
         answer_index = self.answer.get(index)
@@ -312,8 +343,14 @@ class _EventWalk:
         elif kind in _MESSAGE_ACTIONS:
             steps.append(self._message(event, kind, args, moment))
         elif kind in _NOTE_ACTIONS:
-            steps.append(StepRecord(kind="note", text=content_text(event.get("message")) or kind,
-                                    started_at=moment, payload={**_ids(event), "action": kind}))
+            steps.append(
+                StepRecord(
+                    kind="note",
+                    text=content_text(event.get("message")) or kind,
+                    started_at=moment,
+                    payload={**_ids(event), "action": kind},
+                )
+            )
         else:
             steps.append(self._tool_call(event, kind, args, moment))
         return steps
@@ -328,7 +365,9 @@ class _EventWalk:
         """Who sent an event. The older layout does not say; there the first message is the task."""
         if isinstance(event.get("source"), str):
             return event["source"]
-        first_message = next((e for e in self.events if isinstance(e, dict) and e.get("action") == "message"), None)
+        first_message = next(
+            (e for e in self.events if isinstance(e, dict) and e.get("action") == "message"), None
+        )
         return "user" if event is first_message else "agent"
 
     def _model_call(self, event: dict[str, Any], moment: datetime | None) -> list[StepRecord]:
@@ -344,28 +383,31 @@ class _EventWalk:
         model = response.get("model") if isinstance(response.get("model"), str) else None
         if model and not self.summary.model:
             self.summary.model = model
-        return [StepRecord(
-            kind="model_call",
-            response_text=content_text(message.get("content")),
-            text=content_text(message.get("reasoning_content")),
-            tool_calls=normalise_tool_calls(message.get("tool_calls")),
-            model=model,
-            tokens_in=count_or_none(usage.get("prompt_tokens")),
-            tokens_out=count_or_none(usage.get("completion_tokens")),
-            latency_ms=latency,
-            started_at=before(moment, latency),
-            ended_at=moment,
-            call_id=response_id,
-            response_json=response,
-            payload={"finish_reason": choice.get("finish_reason")} if choice.get("finish_reason") else {},
-        )]
+        return [
+            StepRecord(
+                kind="model_call",
+                response_text=content_text(message.get("content")),
+                text=content_text(message.get("reasoning_content")),
+                tool_calls=normalise_tool_calls(message.get("tool_calls")),
+                model=model,
+                tokens_in=count_or_none(usage.get("prompt_tokens")),
+                tokens_out=count_or_none(usage.get("completion_tokens")),
+                latency_ms=latency,
+                started_at=before(moment, latency),
+                ended_at=moment,
+                call_id=response_id,
+                response_json=response,
+                payload={"finish_reason": choice.get("finish_reason")} if choice.get("finish_reason") else {},
+            )
+        ]
 
     def _command(
         self, event: dict, args: dict, moment: datetime | None, answer: dict | None, answer_index: int | None
     ) -> StepRecord:
         payload = _ids(event)
-        step = StepRecord(kind="command", command=content_text(args.get("command")), started_at=moment,
-                          payload=payload)
+        step = StepRecord(
+            kind="command", command=content_text(args.get("command")), started_at=moment, payload=payload
+        )
         if answer is None or answer_index is None:
             return step
         extras = _extras(answer)
@@ -385,8 +427,12 @@ class _EventWalk:
         if kind == "think":
             text = content_text(args.get("thought"))
         elif kind == "finish":
-            text = content_text(args.get("final_thought") or args.get("thought") or event.get("message")
-                                or as_dict(args.get("outputs")).get("content"))
+            text = content_text(
+                args.get("final_thought")
+                or args.get("thought")
+                or event.get("message")
+                or as_dict(args.get("outputs")).get("content")
+            )
         else:
             text = content_text(args.get("content") or event.get("message"))
         payload = {**_ids(event), "action": kind}
@@ -398,13 +444,21 @@ class _EventWalk:
         metadata = as_dict(event.get("tool_call_metadata"))
         call_id = metadata.get("tool_call_id")
         name = metadata.get("function_name") or kind
-        arguments = {k: v for k, v in args.items() if k not in ("thought", "is_confirmed", "confirmation_state",
-                                                                 "security_risk", "hidden", "impl_source")}
+        arguments = {
+            k: v
+            for k, v in args.items()
+            if k
+            not in ("thought", "is_confirmed", "confirmation_state", "security_risk", "hidden", "impl_source")
+        }
         call = {"type": "function", "function": {"name": name, "arguments": _json(arguments)}}
         if call_id:
             call = {"id": call_id, **call}
-        return StepRecord(kind="tool_call", tool_calls=[call], started_at=moment,
-                          payload={**_ids(event), "action": kind, "tool": name})
+        return StepRecord(
+            kind="tool_call",
+            tool_calls=[call],
+            started_at=moment,
+            payload={**_ids(event), "action": kind, "tool": name},
+        )
 
     # -- observations
 
@@ -416,25 +470,48 @@ class _EventWalk:
         content = content_text(event.get("content"))
         payload = {**_ids(event), "observation": kind}
         if kind == "agent_state_changed":
-            return [StepRecord(kind="note", text=f"agent state: {extras.get('agent_state')}", started_at=moment,
-                               payload={**payload, "agent_state": extras.get("agent_state")})]
+            return [
+                StepRecord(
+                    kind="note",
+                    text=f"agent state: {extras.get('agent_state')}",
+                    started_at=moment,
+                    payload={**payload, "agent_state": extras.get("agent_state")},
+                )
+            ]
         if kind == "edit":
             change = _edit_change(content, extras)
             if change is not None:
                 payload["path"] = extras.get("path")
-                return [StepRecord(kind="file_change", text=change[0], output=change[1], started_at=moment,
-                                   payload=payload)]
+                return [
+                    StepRecord(
+                        kind="file_change",
+                        text=change[0],
+                        output=change[1],
+                        started_at=moment,
+                        payload=payload,
+                    )
+                ]
         if kind == "run":
             code = as_dict(extras.get("metadata")).get("exit_code", extras.get("exit_code"))
             if isinstance(code, int) and not isinstance(code, bool):
                 payload["exit_code"] = code
         is_error = kind == "error" or (kind in ("edit", "read") and content.lstrip().startswith("ERROR"))
-        return [StepRecord(kind="observation", text=content, is_error=is_error, started_at=moment,
-                           payload=payload)]
+        return [
+            StepRecord(
+                kind="observation", text=content, is_error=is_error, started_at=moment, payload=payload
+            )
+        ]
 
     def _note_unmatched_responses(self) -> None:
-        self.summary.unmatched_responses = [r for r in self.latency if isinstance(r, str)
-                                            and r not in self.seen_responses]
+        self.summary.unmatched_responses = [
+            r for r in self.latency if isinstance(r, str) and r not in self.seen_responses
+        ]
+
+
+def _by_response(metrics: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """Per-call metric entries that name their model response."""
+    entries = as_list(metrics.get(key))
+    return [x for x in entries if isinstance(x, dict) and isinstance(x.get("response_id"), str)]
 
 
 def _edit_change(content: str, extras: dict[str, Any]) -> tuple[str, str] | None:
@@ -456,12 +533,31 @@ def _steps_from_events(
     flat: list[Any] = []
     for event in events:
         flat.extend(event if isinstance(event, list) else [event])
+    for index, event in enumerate(flat):
+        if not isinstance(event, dict):
+            raise loc.invalid(f"{prefix}[{index}]" if prefix else f"[{index}]", "must be an object")
+        for key in ("id", "cause"):
+            if event.get(key) is not None and not isinstance(event[key], int | str):
+                raise loc.invalid(f"{prefix}[{index}].{key}", "must be an integer")
     walk = _EventWalk(flat, loc, prefix, metrics)
     return walk.steps(), walk.summary
 
 
-_META_KEYS = {"id", "timestamp", "source", "message", "action", "observation", "cause", "args", "extras",
-              "tool_call_metadata", "llm_metrics", "timeout", "content"}
+_META_KEYS = {
+    "id",
+    "timestamp",
+    "source",
+    "message",
+    "action",
+    "observation",
+    "cause",
+    "args",
+    "extras",
+    "tool_call_metadata",
+    "llm_metrics",
+    "timeout",
+    "content",
+}
 
 
 def _args(event: dict[str, Any]) -> dict[str, Any]:

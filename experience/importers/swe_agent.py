@@ -35,6 +35,7 @@ from experience.importers.base import (
     optional,
     ref_name,
     seconds_to_ms,
+    text_or_empty,
 )
 from experience.records import MessageRecord, StepRecord, TrajectoryRecord
 
@@ -72,13 +73,18 @@ def parse(path: Path, *, name: str | None = None) -> Iterator[TrajectoryRecord]:
 
 
 def _record(
-    path: Path, name: str | None, doc: dict[str, Any], trajectory: list[dict], history: list[dict], loc: Location
+    path: Path,
+    name: str | None,
+    doc: dict[str, Any],
+    trajectory: list[dict],
+    history: list[dict],
+    loc: Location,
 ) -> TrajectoryRecord:
     info = optional(doc, "info", dict, loc) or {}
     replay = _replay_config(doc)
     problem = as_dict(replay.get("problem_statement"))
     stats = as_dict(info.get("model_stats"))
-    submission = info.get("submission") if isinstance(info.get("submission"), str) else ""
+    submission = text_or_empty(info.get("submission"))
     steps = _opening_messages(history)
     steps += _steps_from_trajectory(trajectory, history) if trajectory else _steps_from_history(history)
     return TrajectoryRecord(
@@ -118,8 +124,11 @@ def _opening_messages(history: list[dict]) -> list[StepRecord]:
         if message.get("role") == "assistant" and not _is_demo(message):
             break
         payload = {"is_demo": True} if _is_demo(message) else {}
-        steps.append(message_step(str(message.get("role") or "user"), content_text(message.get("content")),
-                                  payload=payload))
+        steps.append(
+            message_step(
+                str(message.get("role") or "user"), content_text(message.get("content")), payload=payload
+            )
+        )
     return steps
 
 
@@ -129,6 +138,7 @@ def _is_demo(message: dict[str, Any]) -> bool:
 
 def _steps_from_trajectory(trajectory: list[dict], history: list[dict]) -> list[StepRecord]:
     steps: list[StepRecord] = []
+    converted = [message_record(m) for m in history]  # shared by every step's context, not copied
     cursor = 0
     for index, entry in enumerate(trajectory):
         match = _find_assistant(history, entry.get("action"), cursor)
@@ -136,7 +146,7 @@ def _steps_from_trajectory(trajectory: list[dict], history: list[dict]) -> list[
             cursor = match + 1
         context = _saved_context(entry)
         if context is None and match is not None:
-            context = [message_record(m) for m in history[:match]]
+            context = converted[:match]
         tool_calls = normalise_tool_calls(history[match].get("tool_calls")) if match is not None else None
         steps.append(_model_call(entry, index, context, tool_calls))
         steps.append(_command(entry, index))
@@ -200,32 +210,40 @@ def _state(value: Any) -> dict[str, Any]:
 
 def _steps_from_history(history: list[dict]) -> list[StepRecord]:
     """Demonstration files keep only the chat: assistant turns carry `action`, the next turn its result."""
-    start = next((i for i, m in enumerate(history) if m.get("role") == "assistant" and not _is_demo(m)),
-                 len(history))
+    start = next(
+        (i for i, m in enumerate(history) if m.get("role") == "assistant" and not _is_demo(m)), len(history)
+    )
     steps: list[StepRecord] = []
+    converted = [message_record(m) for m in history]
     index = start
     while index < len(history):
         message = history[index]
         if message.get("role") != "assistant":
-            steps.append(message_step(str(message.get("role") or "user"), content_text(message.get("content"))))
+            steps.append(
+                message_step(str(message.get("role") or "user"), content_text(message.get("content")))
+            )
             index += 1
             continue
-        steps.append(StepRecord(
-            kind="model_call",
-            text=content_text(message.get("thought")),
-            response_text=content_text(message.get("content")),
-            request_messages=[message_record(m) for m in history[:index]],
-            tool_calls=normalise_tool_calls(message.get("tool_calls")),
-            payload={"history_index": index},
-        ))
+        steps.append(
+            StepRecord(
+                kind="model_call",
+                text=content_text(message.get("thought")),
+                response_text=content_text(message.get("content")),
+                request_messages=converted[:index],
+                tool_calls=normalise_tool_calls(message.get("tool_calls")),
+                payload={"history_index": index},
+            )
+        )
         answer = history[index + 1] if index + 1 < len(history) else None
         answered = answer is not None and answer.get("role") in ("tool", "user")
-        steps.append(StepRecord(
-            kind="command",
-            command=content_text(message.get("action")),
-            output=content_text(answer.get("content")) if answered and answer else None,
-            payload={"history_index": index},
-        ))
+        steps.append(
+            StepRecord(
+                kind="command",
+                command=content_text(message.get("action")),
+                output=content_text(answer.get("content")) if answered and answer else None,
+                payload={"history_index": index},
+            )
+        )
         index += 2 if answered else 1
     return steps
 

@@ -13,8 +13,19 @@ from typing import Any
 from experience.importers.base import RESERVED_PAYLOAD_KEYS, Location
 from experience.records import STEP_KINDS, TRAJECTORY_STATUSES, MessageRecord, StepRecord, TrajectoryRecord
 
-_TEXT_FIELDS = ("source", "source_format", "source_ref", "task_key", "instruction", "source_version",
-                "task_set", "harness", "model", "status", "final_diff")
+_TEXT_FIELDS = (
+    "source",
+    "source_format",
+    "source_ref",
+    "task_key",
+    "instruction",
+    "source_version",
+    "task_set",
+    "harness",
+    "model",
+    "status",
+    "final_diff",
+)
 _REQUIRED = ("source", "source_format", "source_ref", "task_key")
 
 
@@ -26,7 +37,9 @@ def validate_record(record: TrajectoryRecord, loc: Location) -> TrajectoryRecord
         _check(isinstance(getattr(record, name), str), loc, name, "must be text")
     for name in _REQUIRED:
         _check(bool(getattr(record, name)), loc, name, "missing")
-    _check(record.status in TRAJECTORY_STATUSES, loc, "status", f"{record.status!r} is not a trajectory status")
+    _check(
+        record.status in TRAJECTORY_STATUSES, loc, "status", f"{record.status!r} is not a trajectory status"
+    )
     _check_number(record.reward, loc, "reward")
     _check_number(record.cost, loc, "cost")
     _check(record.success is None or isinstance(record.success, bool), loc, "success", "must be true/false")
@@ -62,12 +75,25 @@ def _validate_step(step: Any, loc: Location, where: str, call_ids: set[str]) -> 
         _check(step.ended_at >= step.started_at, loc, f"{where}.ended_at", "is earlier than started_at")
     _check_payload(step.payload, loc, f"{where}.payload")
     _check_messages(step.request_messages, loc, f"{where}.request_messages")
-    _check(step.tool_calls is None or _is_json_list_of_objects(step.tool_calls), loc, f"{where}.tool_calls",
-           "must be a list of objects")
-    _check(step.response_json is None or _is_json_object(step.response_json), loc, f"{where}.response_json",
-           "must be a JSON object")
+    _check(
+        step.tool_calls is None or _is_json_list_of_objects(step.tool_calls),
+        loc,
+        f"{where}.tool_calls",
+        "must be a list of objects",
+    )
+    _check(
+        step.response_json is None or _is_json_object(step.response_json),
+        loc,
+        f"{where}.response_json",
+        "must be a JSON object",
+    )
     if step.call_id is not None:
-        _check(step.call_id not in call_ids, loc, f"{where}.call_id", f"{step.call_id!r} repeats an earlier step's")
+        _check(
+            step.call_id not in call_ids,
+            loc,
+            f"{where}.call_id",
+            f"{step.call_id!r} repeats an earlier step's",
+        )
         call_ids.add(step.call_id)
 
 
@@ -86,8 +112,12 @@ def _check_messages(messages: Any, loc: Location, where: str) -> None:
         _check(isinstance(message, MessageRecord), loc, item, "must be a message")
         _check(isinstance(message.role, str) and bool(message.role), loc, f"{item}.role", "must be text")
         _check(isinstance(message.content, str), loc, f"{item}.content", "must be text")
-        _check(message.tool_calls is None or _is_json_list_of_objects(message.tool_calls), loc,
-               f"{item}.tool_calls", "must be a list of objects")
+        _check(
+            message.tool_calls is None or _is_json_list_of_objects(message.tool_calls),
+            loc,
+            f"{item}.tool_calls",
+            "must be a list of objects",
+        )
 
 
 def _check_number(value: Any, loc: Location, where: str) -> None:

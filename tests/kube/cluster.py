@@ -21,6 +21,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -261,7 +262,8 @@ class LoopbackCluster:
         while time.monotonic() < deadline:
             for proc in self._procs:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{proc.args[0]} exited {proc.returncode}:\n{self._logs()}")
+                    program = proc.args[0] if isinstance(proc.args, list) else proc.args
+                    raise RuntimeError(f"{program!s} exited {proc.returncode}:\n{self._logs()}")
             req = urllib.request.Request(f"{self.url}/readyz", headers={"Authorization": f"Bearer {self.token}"})
             try:
                 with urllib.request.urlopen(req, timeout=2, context=ctx) as resp:
@@ -300,6 +302,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=None, help="work dir (default: a new temp dir)")
     args = parser.parse_args()
+    # Handlers from the start, so a signal during startup is remembered instead of killing us before we
+    # can stop the children (they run in sessions of their own and would be orphaned). Handlers, unlike a
+    # blocked signal mask, are not inherited by the children.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     workdir = args.dir.resolve() if args.dir else None
     if workdir and workdir.exists():
         shutil.rmtree(workdir)
@@ -312,9 +320,8 @@ def main() -> None:
     print(f"KUBECONFIG={backend_kubeconfig}  ({backend_user.user})", flush=True)
     print(f"server {cluster.url}; Ctrl-C stops it", flush=True)
     try:
-        # Blocked first, so the signal waits for sigwait instead of killing us before the children stop.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        while not stop.wait(0.5):
+            pass
     finally:
         cluster.stop()
 

@@ -67,7 +67,7 @@ def kube_kubelet(kube_cluster: LoopbackCluster) -> Iterator[TestKubelet]:
 def kube_namespace(kube_cluster: LoopbackCluster) -> Iterator[str]:
     core = k8s.CoreV1Api(kube_cluster.api_client())
     name = f"t-{secrets.token_hex(4)}"
-    core.create_namespace({"metadata": {"name": name}})
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
     try:
         yield name
     finally:

@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -64,6 +65,10 @@ DEFAULT_CAPACITY = {"cpu": "64", "memory": "256Gi", "pods": "1000", "ephemeral-s
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 AS_ROOT = os.geteuid() == 0
 READINESS_TIMEOUT = 30.0
+KUBELET_MARKER = "TROVE_TEST_KUBELET"
+POD_MARKER = "TROVE_TEST_POD"
+# kubernetes.client.V1Pod; Any because every field of the generated models is Optional.
+Pod = Any
 SECRET_WAIT = 20.0
 
 
@@ -72,8 +77,10 @@ def _now() -> str:
 
 
 def _ip_sequence() -> Iterator[str]:
+    # A random start, so two test sessions on one machine (each with its own kubelet) do not hand out the
+    # same pod IP and collide on the agent port.
     second = random.randint(16, 250)
-    for n in itertools.count(2):
+    for n in itertools.count(random.randint(2, 50000)):
         if n & 255 in (0, 1, 255):
             continue
         yield f"127.{second}.{(n >> 8) & 255}.{n & 255}"
@@ -125,6 +132,7 @@ class TestKubelet:
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kubelet")
         self._threads: list[threading.Thread] = []
         self.errors: list[str] = []  # unexpected failures, for tests to assert on
+        self._id = uuid.uuid4().hex
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -168,8 +176,8 @@ class TestKubelet:
             self._unpaused.set()
 
     def live_processes(self) -> int:
-        with self._lock:
-            return sum(1 for run in self._pods.values() if run.proc is not None and run.proc.poll() is None)
+        """Processes of this kubelet's pods still alive: agents and whatever they started."""
+        return len(self.pod_processes())
 
     def pod_dir(self, namespace: str, name: str) -> Path | None:
         with self._lock:
@@ -181,7 +189,7 @@ class TestKubelet:
     # -- node --------------------------------------------------------------------------------------------
 
     def _register_node(self) -> None:
-        body = {"metadata": {"name": self.node_name, "labels": {"kubernetes.io/hostname": self.node_name}}}
+        body = k8s.V1Node(metadata=k8s.V1ObjectMeta(name=self.node_name, labels=self._node_labels()))
         try:
             self.api.create_node(body)
         except k8s.ApiException as exc:
@@ -253,7 +261,7 @@ class TestKubelet:
                     return
                 raise
 
-    def _resync(self, pods: list[k8s.V1Pod]) -> None:
+    def _resync(self, pods: list[Pod]) -> None:
         present = {pod.metadata.uid for pod in pods}
         with self._lock:
             vanished = [run for uid, run in self._pods.items() if uid not in present]
@@ -262,7 +270,7 @@ class TestKubelet:
         for pod in pods:
             self._on_event("ADDED", pod)
 
-    def _on_event(self, kind: str, pod: k8s.V1Pod) -> None:
+    def _on_event(self, kind: str, pod: Pod) -> None:
         uid = pod.metadata.uid
         if kind == "DELETED":
             self._pool.submit(self._forget, uid)
@@ -291,7 +299,7 @@ class TestKubelet:
 
     # -- scheduler -------------------------------------------------------------------------------------
 
-    def _schedule(self, pod: k8s.V1Pod) -> None:
+    def _schedule(self, pod: Pod) -> None:
         why = self._unfit_reason(pod)
         ns, name = pod.metadata.namespace, pod.metadata.name
         if why:
@@ -299,16 +307,19 @@ class TestKubelet:
                 "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                 "message": f"0/1 nodes are available: 1 {why}.", "lastTransitionTime": _now()}]})
             return
-        binding = {"metadata": {"name": name, "uid": pod.metadata.uid},
-                   "target": {"apiVersion": "v1", "kind": "Node", "name": self.node_name}}
+        binding = k8s.V1Binding(metadata=k8s.V1ObjectMeta(name=name, uid=pod.metadata.uid),
+                                target=k8s.V1ObjectReference(api_version="v1", kind="Node", name=self.node_name))
         try:
-            # The response is a Status, which the generated client cannot read as a Binding.
-            self.api.create_namespaced_binding(ns, binding, _preload_content=False)
+            # The response is a Status, which the generated client cannot read as a Binding: take it raw,
+            # and read it so the connection goes back to the pool.
+            response: Any = self.api.create_namespaced_binding(ns, binding, _preload_content=False)
+            response.read()
+            response.release_conn()
         except k8s.ApiException as exc:
             if exc.status not in (404, 409):  # deleted meanwhile, or already bound
                 self.errors.append(f"bind {ns}/{name}: {exc.status} {exc.reason}")
 
-    def _unfit_reason(self, pod: k8s.V1Pod) -> str:
+    def _unfit_reason(self, pod: Pod) -> str:
         selector = pod.spec.node_selector or {}
         if any(self._node_labels().get(k) != v for k, v in selector.items()):
             return "node(s) didn't match node selector"
@@ -331,7 +342,7 @@ class TestKubelet:
 
     # -- running pods ----------------------------------------------------------------------------------
 
-    def _start(self, run: PodRun, pod: k8s.V1Pod) -> None:
+    def _start(self, run: PodRun, pod: Pod) -> None:
         self._unpaused.wait()
         with run.lock:
             if run.deleting or self._stop.is_set():
@@ -342,7 +353,7 @@ class TestKubelet:
                 self.errors.append(f"start {run.namespace}/{run.name}: {exc!r}")
                 log.exception("test kubelet could not start %s/%s", run.namespace, run.name)
 
-    def _start_locked(self, run: PodRun, pod: k8s.V1Pod) -> None:
+    def _start_locked(self, run: PodRun, pod: Pod) -> None:
         container = pod.spec.containers[0]
         if _unpullable(container.image):
             self._report_unpullable(run, container)
@@ -374,7 +385,7 @@ class TestKubelet:
         if run.proc.poll() is None:
             self._patch_status(run.namespace, run.name, self._running_status(run, container, ready=ready))
 
-    def _report_unpullable(self, run: PodRun, container: k8s.V1Container) -> None:
+    def _report_unpullable(self, run: PodRun, container: Any) -> None:
         for reason in ("ErrImagePull", "ImagePullBackOff"):
             message = f'Back-off pulling image "{container.image}"' if reason == "ImagePullBackOff" else (
                 f'rpc error: code = Unknown desc = failed to resolve image "{container.image}": no such host')
@@ -387,7 +398,7 @@ class TestKubelet:
             })
             time.sleep(0.2)
 
-    def _prepare_volumes(self, run: PodRun, pod: k8s.V1Pod, container: k8s.V1Container) -> dict[str, Path] | None:
+    def _prepare_volumes(self, run: PodRun, pod: Pod, container: Any) -> dict[str, Path] | None:
         """emptyDir: a world-writable directory, as the kubelet makes it. secret: files root-owned with the
         pod's fsGroup as group and `defaultMode` bits (when we are root to set them; else owned by us)."""
         identity = _identity(pod, container)
@@ -416,10 +427,12 @@ class TestKubelet:
         return {m.mount_path.rstrip("/") or "/": host_dirs[m.name] for m in container.volume_mounts or []
                 if m.name in host_dirs}
 
-    def _container_env(self, run: PodRun, pod: k8s.V1Pod, container: k8s.V1Container,
+    def _container_env(self, run: PodRun, pod: Pod, container: Any,
                        mounts: dict[str, Path]) -> dict[str, str] | None:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
-               "HOME": str(mounts.get("/tmp", run.dir))}
+               "HOME": str(mounts.get("/tmp", run.dir)),
+               # Inherited by everything the pod starts: how _kill and pod_processes find them all.
+               KUBELET_MARKER: self._id, POD_MARKER: run.uid}
         if "/tmp" in mounts:
             env["TMPDIR"] = str(mounts["/tmp"])
         for var in container.env or []:
@@ -433,7 +446,7 @@ class TestKubelet:
                 env[var.name] = self._host_arg(var.value, run, mounts)
         return env
 
-    def _wait_secret(self, run: PodRun, container: k8s.V1Container, namespace: str, name: str) -> dict[str, str] | None:
+    def _wait_secret(self, run: PodRun, container: Any, namespace: str, name: str) -> dict[str, Any] | None:
         """A kubelet keeps retrying a missing secret; the pod sits in CreateContainerConfigError meanwhile."""
         deadline = time.monotonic() + SECRET_WAIT
         reported = False
@@ -467,7 +480,7 @@ class TestKubelet:
             return f"{key}={self._host_path(value, mounts)}"
         return self._host_path(arg, mounts)
 
-    def _probe(self, run: PodRun, container: k8s.V1Container) -> bool:
+    def _probe(self, run: PodRun, container: Any) -> bool:
         probe = container.readiness_probe
         if probe is None or probe.tcp_socket is None:
             return True
@@ -481,7 +494,7 @@ class TestKubelet:
             time.sleep(0.05)
         return False
 
-    def _running_status(self, run: PodRun, container: k8s.V1Container, *, ready: bool) -> dict[str, Any]:
+    def _running_status(self, run: PodRun, container: Any, *, ready: bool) -> dict[str, Any]:
         started = _now()
         return {
             "phase": "Running", "hostIP": "127.0.0.1", "podIP": run.ip, "podIPs": [{"ip": run.ip}], "startTime": started,
@@ -501,7 +514,7 @@ class TestKubelet:
         ]
 
     @staticmethod
-    def _container_status(container: k8s.V1Container, *, ready: bool, state: dict[str, Any],
+    def _container_status(container: Any, *, ready: bool, state: dict[str, Any],
                           container_id: str | None = None) -> dict[str, Any]:
         status = {"name": container.name, "image": container.image, "imageID": "", "ready": ready,
                   "restartCount": 0, "started": "running" in state, "state": state}
@@ -529,7 +542,7 @@ class TestKubelet:
                                                "exitCode": code, "reason": reason, "finishedAt": _now()}}}],
                 })
 
-    def _terminate(self, pod: k8s.V1Pod) -> None:
+    def _terminate(self, pod: Pod) -> None:
         uid = pod.metadata.uid
         with self._lock:
             run = self._pods.get(uid)
@@ -542,7 +555,8 @@ class TestKubelet:
         try:
             # With a body the apiserver ignores the query parameters: the grace period goes in the body too.
             self.api.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace,
-                                           body={"gracePeriodSeconds": 0, "preconditions": {"uid": uid}})
+                                           body=k8s.V1DeleteOptions(grace_period_seconds=0,
+                                                                    preconditions=k8s.V1Preconditions(uid=uid)))
         except k8s.ApiException as exc:
             if exc.status not in (404, 409):  # gone already, or a newer pod of the same name
                 self.errors.append(f"delete {pod.metadata.namespace}/{pod.metadata.name}: {exc.status}")
@@ -557,19 +571,31 @@ class TestKubelet:
                 self._kill(run)
             shutil.rmtree(run.dir, ignore_errors=True)
 
-    @staticmethod
-    def _kill(run: PodRun) -> None:
-        proc = run.proc
-        if proc is None or proc.poll() is not None:
+    def _kill(self, run: PodRun) -> None:
+        """Stop the container as a runtime stops its cgroup: every process of the pod, found by the marker
+        in its environment (commands the agent runs have sessions of their own, and background jobs outlive
+        their shell and are reparented away from the agent, so neither the process group nor the process
+        tree would find them all)."""
+        pids = set(self.pod_processes(run.uid))
+        if run.proc is not None and run.proc.poll() is None:
+            pids.add(run.proc.pid)
+        if not pids:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            if run.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    run.proc.wait(timeout=2 if sig == signal.SIGTERM else 10)
+            pids = set(self.pod_processes(run.uid))
+            if not pids:
+                return
+
+    def pod_processes(self, uid: str | None = None) -> list[int]:
+        """Pids of live processes of pod `uid` (default: of any pod of this kubelet)."""
+        marker = f"{POD_MARKER}={uid}".encode() if uid else f"{KUBELET_MARKER}={self._id}".encode()
+        return _pids_with_env(marker)
 
     def _patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         try:
@@ -577,6 +603,25 @@ class TestKubelet:
         except k8s.ApiException as exc:
             if exc.status != 404:  # deleted while we were reporting on it
                 self.errors.append(f"status {namespace}/{name}: {exc.status} {exc.reason}")
+
+
+def _pids_with_env(marker: bytes) -> list[int]:
+    """Processes whose environment holds `marker` ("NAME=value"), zombies excluded."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if marker not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+        except (OSError, IndexError):
+            continue  # exited while we looked, or not ours to read
+        found.append(int(entry))
+    return found
 
 
 @dataclass(frozen=True)
@@ -596,7 +641,7 @@ class Identity:
         return {"user": self.uid, "group": self.gid if self.gid is not None else self.uid, "extra_groups": groups}
 
 
-def _identity(pod: k8s.V1Pod, container: k8s.V1Container) -> Identity:
+def _identity(pod: Pod, container: Any) -> Identity:
     psc = pod.spec.security_context or k8s.V1PodSecurityContext()
     csc = container.security_context or k8s.V1SecurityContext()
 
@@ -613,7 +658,7 @@ def _unpullable(image: str | None) -> bool:
     return not image or host.endswith(".invalid")
 
 
-def _resolve_port(port: Any, container: k8s.V1Container) -> int:
+def _resolve_port(port: Any, container: Any) -> int:
     if isinstance(port, int) or str(port).isdigit():
         return int(port)
     for declared in container.ports or []:
@@ -622,7 +667,7 @@ def _resolve_port(port: Any, container: k8s.V1Container) -> int:
     raise ValueError(f"unknown named port {port!r}")
 
 
-def _pod_requests(pod: k8s.V1Pod) -> dict[str, Decimal]:
+def _pod_requests(pod: Pod) -> dict[str, Decimal]:
     total: dict[str, Decimal] = {}
     for container in pod.spec.containers:
         requests = (container.resources.requests if container.resources else None) or {}

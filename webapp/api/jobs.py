@@ -1,5 +1,320 @@
-"""REST API: jobs. Views are thin: input serializer -> service -> output serializer."""
+"""REST API: rollout jobs, their finished rollouts (a cursor a trainer polls), cancel, re-run, task sets.
+
+Views are thin: input serializer -> service or selector -> output serializer. Domain errors (experience.errors)
+become 4xx bodies naming the field in webapp/api/exception_handlers.py. A job's API key is a reference
+(`env:NAME` / `file:/path`): the key itself is never accepted, stored or returned.
+"""
 
 from __future__ import annotations
 
-urlpatterns: list = []
+from django.urls import path, reverse
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.pagination import CursorPagination
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from experience.errors import Conflict
+from webapp.dashboard.live import JobLiveApi
+from webapp.rollouts import selectors, services
+from webapp.rollouts.models import Rollout, RolloutJob
+from webapp.rollouts.sampling import POLICIES
+from webapp.rollouts.taskset_import import taskset_import_jsonl
+
+SECRET_FIELDS = ("api_key", "openai_api_key", "key", "secret")
+DEFAULT_PAGE, MAX_PAGE = 100, 1000
+
+
+# --- serializers ---------------------------------------------------------------------------------------
+
+class JobSubmitSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200, required=False, default="")
+    task_set = serializers.CharField(max_length=100, help_text="task set name")
+    task_keys = serializers.ListField(child=serializers.CharField(), required=False, allow_empty=False,
+                                      help_text="only these tasks of the set (default: all)")
+    fleet = serializers.CharField(max_length=100, help_text="fleet name")
+    harness = serializers.CharField(max_length=100, required=False, default="builtin")
+    harness_command = serializers.CharField(required=False, default="", allow_blank=True)
+    model_base_url = serializers.CharField(max_length=500, help_text="an OpenAI-compatible base URL")
+    model_name = serializers.CharField(max_length=200)
+    api_key_ref = serializers.CharField(max_length=200, required=False, default="", allow_blank=True,
+                                        help_text="where the key lives: env:NAME or file:/path (never the key)")
+    samples_per_task = serializers.IntegerField(min_value=1, max_value=10_000, default=1)
+    max_steps = serializers.IntegerField(min_value=1, required=False)
+    max_tokens = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    wall_time_s = serializers.IntegerField(min_value=1, required=False)
+    concurrency = serializers.IntegerField(min_value=1, required=False)
+    sampling = serializers.ChoiceField(choices=POLICIES, default="uniform")
+    adaptive_first_round = serializers.IntegerField(min_value=1, required=False)
+
+    def validate(self, attrs):
+        for field in SECRET_FIELDS:
+            if field in self.initial_data:
+                raise serializers.ValidationError(
+                    {field: "send a reference to the key in api_key_ref (env:NAME or file:/path), never the key"})
+        return attrs
+
+
+class JobSerializer(serializers.ModelSerializer):
+    task_set = serializers.CharField(source="task_set.name")
+    fleet = serializers.CharField(source="fleet.name")
+    url = serializers.SerializerMethodField()
+    rollouts_url = serializers.SerializerMethodField()
+    page_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = RolloutJob
+        # api_key_ref only: the key itself is never in a row, so it cannot leak through here.
+        fields = ("id", "name", "status", "task_set", "fleet", "harness", "harness_command", "model_base_url",
+                  "model_name", "api_key_ref", "samples_per_task", "max_steps", "max_tokens", "wall_time_s",
+                  "concurrency", "sampling", "adaptive_first_round", "created_at", "started_at", "finished_at",
+                  "url", "rollouts_url", "page_url")
+
+    def _absolute(self, name: str, job: RolloutJob) -> str:
+        return self.context["request"].build_absolute_uri(reverse(name, args=[job.pk]))
+
+    def get_url(self, job) -> str:
+        return self._absolute("api-job", job)
+
+    def get_rollouts_url(self, job) -> str:
+        return self._absolute("api-job-rollouts", job)
+
+    def get_page_url(self, job) -> str:
+        return self._absolute("dashboard:job", job)
+
+
+class JobListItemSerializer(JobSerializer):
+    n_rollouts = serializers.IntegerField(read_only=True)
+    n_finished = serializers.IntegerField(read_only=True)
+    n_succeeded = serializers.IntegerField(read_only=True)
+
+    class Meta(JobSerializer.Meta):
+        fields = (*JobSerializer.Meta.fields, "n_rollouts", "n_finished", "n_succeeded")
+
+
+class TaskBudgetSerializer(serializers.Serializer):
+    task = serializers.CharField()
+    spent = serializers.IntegerField()
+    open = serializers.IntegerField()
+    succeeded = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    infra_error = serializers.IntegerField()
+    cancelled = serializers.IntegerField()
+    pass_rate = serializers.FloatField(allow_null=True)
+    stopped = serializers.BooleanField()
+    stopped_because = serializers.CharField(allow_null=True)
+
+
+class BudgetSerializer(serializers.Serializer):
+    policy = serializers.CharField()
+    first_round = serializers.IntegerField()
+    total = serializers.IntegerField(help_text="samples_per_task x number of tasks")
+    spent = serializers.IntegerField(help_text="rollouts created, re-runs included")
+    unspent = serializers.IntegerField()
+    may_still_spend = serializers.IntegerField(help_text="0 once every task has stopped or the job has ended")
+    per_task = TaskBudgetSerializer(many=True)
+
+
+class ProgressSerializer(serializers.Serializer):
+    total = serializers.IntegerField(help_text="rollouts created plus those an adaptive job may still create")
+    issued = serializers.IntegerField()
+    finished = serializers.IntegerField()
+    percent = serializers.IntegerField()
+    success_rate = serializers.FloatField(allow_null=True, help_text="succeeded / (succeeded + failed)")
+    by_status = serializers.DictField(child=serializers.IntegerField())
+
+
+class JobDetailSerializer(JobSerializer):
+    progress = ProgressSerializer(read_only=True)
+    budget = BudgetSerializer(read_only=True)
+
+    class Meta(JobSerializer.Meta):
+        fields = (*JobSerializer.Meta.fields, "progress", "budget")
+
+
+class RolloutSerializer(serializers.ModelSerializer):
+    cursor = serializers.CharField(source="finish_seq", help_text="pass as ?after= to get what finished later")
+    task = serializers.CharField(source="task.key")
+    trajectory_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Rollout
+        fields = ("id", "cursor", "job", "task", "sample_index", "status", "reward", "steps", "attempt", "error",
+                  "started_at", "finished_at", "trajectory_id", "trajectory_url", "rerun_of")
+
+    def get_trajectory_url(self, rollout) -> str | None:
+        if not rollout.trajectory_id:
+            return None
+        return self.context["request"].build_absolute_uri(reverse("dashboard:trajectory", args=[rollout.trajectory_id]))
+
+
+class RolloutPageSerializer(serializers.Serializer):
+    results = RolloutSerializer(many=True)
+    next_cursor = serializers.CharField(help_text="pass as ?after= on the next poll")
+    has_more = serializers.BooleanField(help_text="more finished rollouts are waiting: poll again now")
+    job_status = serializers.CharField()
+    done = serializers.BooleanField(help_text="the job has ended and everything it finished is in your hands")
+
+
+class RolloutPageQuerySerializer(serializers.Serializer):
+    after = serializers.IntegerField(min_value=0, default=0, help_text="a cursor from an earlier page (0: from the start)")
+    limit = serializers.IntegerField(min_value=1, max_value=MAX_PAGE, default=DEFAULT_PAGE)
+
+
+class RerunInputSerializer(serializers.Serializer):
+    statuses = serializers.ListField(child=serializers.ChoiceField(choices=services.RERUNNABLE),
+                                     required=False, allow_empty=False)
+
+
+class CancelOutputSerializer(serializers.Serializer):
+    cancelled = serializers.IntegerField()
+    job = JobSerializer()
+
+
+class RerunOutputSerializer(serializers.Serializer):
+    created = RolloutSerializer(many=True)
+    job = JobSerializer()
+
+
+class TaskSetSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    description = serializers.CharField()
+    source = serializers.CharField()
+    n_tasks = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+
+
+class TaskSetUploadSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    description = serializers.CharField(required=False, default="", allow_blank=True)
+    file = serializers.FileField(required=False, help_text="the JSONL file (multipart)")
+    jsonl = serializers.CharField(required=False, trim_whitespace=False, help_text="or the JSONL text itself")
+
+    def validate(self, attrs):
+        if ("file" in attrs) == ("jsonl" in attrs):
+            raise serializers.ValidationError({"file": "send the JSONL as `file` (multipart) or as `jsonl`, one of them"})
+        return attrs
+
+
+class JobPagination(CursorPagination):
+    ordering = "-id"
+    page_size = 50
+
+
+class TaskSetPagination(CursorPagination):
+    ordering = "name"
+    page_size = 100
+
+
+# --- views ---------------------------------------------------------------------------------------------
+
+class JobListApi(APIView):
+    @extend_schema(responses=JobListItemSerializer(many=True), operation_id="jobs_list")
+    def get(self, request: Request) -> Response:
+        paginator = JobPagination()
+        page = paginator.paginate_queryset(selectors.job_list(), request, view=self)
+        return paginator.get_paginated_response(JobListItemSerializer(page, many=True, context={"request": request}).data)
+
+    @extend_schema(request=JobSubmitSerializer, responses={201: JobDetailSerializer}, operation_id="jobs_submit")
+    def post(self, request: Request) -> Response:
+        given = JobSubmitSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        fields = dict(given.validated_data)
+        job = services.job_submit(task_set_name=fields.pop("task_set"), fleet_name=fields.pop("fleet"),
+                                  created_by=request.user, **fields)
+        detail = selectors.job_detail(job_id=job.pk)
+        return Response(JobDetailSerializer(detail, context={"request": request}).data, status=status.HTTP_201_CREATED)
+
+
+class JobDetailApi(APIView):
+    @extend_schema(responses=JobDetailSerializer, operation_id="jobs_status")
+    def get(self, request: Request, job_id: int) -> Response:
+        job = selectors.job_detail(job_id=job_id)
+        return Response(JobDetailSerializer(job, context={"request": request}).data)
+
+
+class JobRolloutsApi(APIView):
+    @extend_schema(parameters=[RolloutPageQuerySerializer], responses=RolloutPageSerializer, operation_id="jobs_rollouts")
+    def get(self, request: Request, job_id: int) -> Response:
+        """Finished rollouts in the order they finished, after the cursor `after`. Poll with `next_cursor`."""
+        query = RolloutPageQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        # The job's status is read before its rollouts: if it had ended then, every rollout it finished
+        # was committed before this read, so `done` can't be true while a finished rollout is still unseen.
+        job = selectors.job_get(job_id=job_id)
+        limit = query.validated_data["limit"]
+        rows = selectors.job_finished_rollouts(job_id=job.pk, after=query.validated_data["after"], limit=limit + 1)
+        has_more, rows = len(rows) > limit, rows[:limit]
+        page = {
+            "results": rows,
+            "next_cursor": str(rows[-1].finish_seq if rows else query.validated_data["after"]),
+            "has_more": has_more, "job_status": job.status,
+            "done": job.status not in selectors.JOB_OPEN and not has_more,
+        }
+        return Response(RolloutPageSerializer(page, context={"request": request}).data)
+
+
+class JobCancelApi(APIView):
+    @extend_schema(request=None, responses=CancelOutputSerializer, operation_id="jobs_cancel")
+    def post(self, request: Request, job_id: int) -> Response:
+        job = selectors.job_get(job_id=job_id)
+        cancelled = services.job_cancel(job=job)
+        return Response(CancelOutputSerializer({"cancelled": cancelled, "job": job}, context={"request": request}).data)
+
+
+class JobRerunFailedApi(APIView):
+    @extend_schema(request=RerunInputSerializer, responses={201: RerunOutputSerializer}, operation_id="jobs_rerun_failed")
+    def post(self, request: Request, job_id: int) -> Response:
+        """Re-run the job's failed and infra_error samples (or only `statuses`) as new samples of the same job."""
+        given = RerunInputSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        job = selectors.job_get(job_id=job_id)
+        created = services.job_rerun_failed(job=job, **given.validated_data)
+        job = selectors.job_get(job_id=job_id)
+        body = RerunOutputSerializer({"created": created, "job": job}, context={"request": request}).data
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+class RolloutCancelApi(APIView):
+    @extend_schema(request=None, responses=RolloutSerializer, operation_id="rollouts_cancel")
+    def post(self, request: Request, rollout_id: int) -> Response:
+        rollout = selectors.rollout_get(rollout_id=rollout_id)
+        if not services.rollout_cancel(rollout=rollout):
+            raise Conflict(f"rollout {rollout_id} has already finished ({rollout.status})", field="status")
+        return Response(RolloutSerializer(rollout, context={"request": request}).data)
+
+
+class TaskSetListApi(APIView):
+    parser_classes = [MultiPartParser, FormParser, JSONParser]
+
+    @extend_schema(responses=TaskSetSerializer(many=True), operation_id="task_sets_list")
+    def get(self, request: Request) -> Response:
+        paginator = TaskSetPagination()
+        page = paginator.paginate_queryset(selectors.taskset_list(), request, view=self)
+        return paginator.get_paginated_response(TaskSetSerializer(page, many=True).data)
+
+    @extend_schema(request=TaskSetUploadSerializer, responses={201: TaskSetSerializer}, operation_id="task_sets_upload")
+    def post(self, request: Request) -> Response:
+        """Import a JSONL task set (see webapp/rollouts/taskset_import.py for the fields). All or nothing."""
+        given = TaskSetUploadSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        data = given.validated_data
+        lines = data["file"] if "file" in data else data["jsonl"].splitlines()
+        task_set = taskset_import_jsonl(name=data["name"], fileobj=lines, description=data["description"])
+        task_set = selectors.taskset_list().get(pk=task_set.pk)
+        return Response(TaskSetSerializer(task_set).data, status=status.HTTP_201_CREATED)
+
+
+urlpatterns = [
+    path("jobs/", JobListApi.as_view(), name="api-jobs"),
+    path("jobs/<int:job_id>/", JobDetailApi.as_view(), name="api-job"),
+    path("jobs/<int:job_id>/rollouts/", JobRolloutsApi.as_view(), name="api-job-rollouts"),
+    path("jobs/<int:job_id>/cancel/", JobCancelApi.as_view(), name="api-job-cancel"),
+    path("jobs/<int:job_id>/rerun-failed/", JobRerunFailedApi.as_view(), name="api-job-rerun-failed"),
+    path("jobs/<int:job_id>/live/", JobLiveApi.as_view(), name="job-live"),
+    path("rollouts/<int:rollout_id>/cancel/", RolloutCancelApi.as_view(), name="api-rollout-cancel"),
+    path("task-sets/", TaskSetListApi.as_view(), name="api-task-sets"),
+]

@@ -191,12 +191,16 @@ class _Proxy:
                 response = web.Response(
                     body=call.body, status=upstream.status, headers=_passed_on(upstream.headers)
                 )
-        except TimeoutError:
-            seconds = self._timeout.sock_read
-            response = call.fail_locally(504, "upstream_timeout", f"the upstream sent nothing for {seconds}s")
+        except TimeoutError as exc:
+            response = call.fail_locally(504, "upstream_timeout", self._timeout_message(exc))
         except aiohttp.ClientError as exc:
             response = call.fail_locally(502, "upstream_connect", f"the upstream is unreachable: {exc}")
         return await _send(request, response, call)
+
+    def _timeout_message(self, exc: TimeoutError) -> str:
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
+            return f"could not connect to the upstream within {self._timeout.sock_connect}s"
+        return f"the upstream sent nothing for {self._timeout.sock_read}s"
 
     def _record(self, call: _Call) -> None:
         try:

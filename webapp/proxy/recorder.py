@@ -20,7 +20,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import redis
@@ -225,12 +225,13 @@ class RedisStreamSink(_BatchingSink):
             client = redis.Redis.from_url(
                 url, socket_connect_timeout=2.0, socket_timeout=5.0, retry=Retry(NoBackoff(), 1)
             )
-        self._client = client
+        self._send = redis_stream_sender(client, stream=stream)
         self.stream = stream
         self.spool_dir = spool_dir
         self._spool = Spool(spool_dir)
         self._retry_interval_s = retry_interval_s
         self._down_until = 0.0
+        self._next_drain = 0.0
         # Segments left by an earlier process are re-sent on the first chance.
         self._spool_dirty = bool(spooled_segments(spool_dir))
         self.sent = 0
@@ -240,7 +241,7 @@ class RedisStreamSink(_BatchingSink):
     def drain_spool(self) -> int:
         """Re-send spooled records to the stream now; returns how many were sent."""
         self._spool.seal()
-        result = drain_spool(directory=self.spool_dir, send_batch=self._xadd)
+        result = drain_spool(directory=self.spool_dir, send_batch=self._send)
         self._spool_dirty = bool(spooled_segments(self.spool_dir))
         return result.sent
 
@@ -249,18 +250,23 @@ class RedisStreamSink(_BatchingSink):
             self._spool_records(records)
             return
         try:
-            self._xadd(records)
+            self._send(records)
         except redis.RedisError as exc:
             log.warning("Redis unavailable (%s); spooling %d call record(s)", exc, len(records))
             self._down_until = time.monotonic() + self._retry_interval_s
             self._spool_records(records)
             return
         self.sent += len(records)
-        if self._spool_dirty:
-            self._try_drain()
+        self._maybe_drain()
 
     def _on_idle(self) -> None:
-        if self._spool_dirty and time.monotonic() >= self._down_until:
+        self._maybe_drain()
+
+    def _maybe_drain(self) -> None:
+        # Throttled: a segment another live process still holds keeps the spool dirty.
+        now = time.monotonic()
+        if self._spool_dirty and now >= max(self._down_until, self._next_drain):
+            self._next_drain = now + self._retry_interval_s
             self._try_drain()
 
     def _on_stop(self) -> None:
@@ -280,12 +286,6 @@ class RedisStreamSink(_BatchingSink):
         self._spool.append(records)
         self.spooled += len(records)
         self._spool_dirty = True
-
-    def _xadd(self, records: Sequence[CallRecord]) -> None:
-        pipe = self._client.pipeline(transaction=False)
-        for record in records:
-            pipe.xadd(self.stream, {"record": record.to_json()})
-        pipe.execute()
 
 
 def redis_stream_sender(client: redis.Redis, *, stream: str = STREAM) -> WriteBatch:

@@ -28,6 +28,8 @@ class Task(models.Model):
     setup_commands = models.JSONField(default=list, blank=True)
     eval_command = models.TextField()
     eval_timeout_s = models.PositiveIntegerField(default=60)
+    # The evaluation passes when eval_command exits with this code (SWE-bench style tasks use 0).
+    success_exit_code = models.IntegerField(default=0)
     metadata = models.JSONField(default=dict, blank=True)
 
     class Meta:
@@ -115,10 +117,15 @@ class Rollout(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     timings = models.JSONField(default=dict, blank=True, help_text="ms spent in model, sandbox, eval, total")
+    # Position in the job's finish order, handed out under the job's row lock, so it follows commit order:
+    # a trainer paging with `after=<finish_seq>` never skips a rollout that committed late.
+    finish_seq = models.PositiveIntegerField(null=True, blank=True, editable=False)
+    rerun_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="reruns")
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["job", "task", "sample_index"], name="rollout_unique_sample"),
+            models.UniqueConstraint(fields=["job", "finish_seq"], name="rollout_unique_finish_seq"),
         ]
         ordering = ["id"]
         indexes = [models.Index(fields=["job", "status"])]

@@ -1,7 +1,11 @@
-"""Rollout jobs and rollouts in the database: creating jobs, the rollout state machine, job completion.
+"""Rollout jobs and rollouts in the database: creating jobs, the rollout state machine, planning the next
+samples (webapp/rollouts/sampling.py decides which), cancel, re-run, job completion.
 
 Every state change is a conditional UPDATE (`... WHERE status IN (...)`), so a redelivered Celery task, a
-reaper and a worker can race without ever moving a rollout twice. Tasks are enqueued after commit.
+reaper and a worker can race without ever moving a rollout twice. A rollout reaching a final status also
+takes its job's row lock (lock order: the job, then its rollouts): under it the rollout gets its place in the
+job's finish order (`finish_seq`, the trainer's cursor) and the job's next samples are planned, so the
+budget is counted by one transaction at a time. Tasks are enqueued after commit.
 """
 
 from __future__ import annotations
@@ -12,16 +16,20 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F
+from django.db.models import F, Max, QuerySet
 from django.utils import timezone
 
-from experience.errors import NotFound, ValidationError
+from experience.errors import Conflict, NotFound, ValidationError
 from experience.services.ingest import trajectory_finish
 from webapp.env import env_str
+from webapp.fleets.models import Fleet
+from webapp.rollouts import sampling, selectors
 from webapp.rollouts.models import Rollout, RolloutJob, Task, TaskSet
 
 log = logging.getLogger("trove.rollouts")
 R = Rollout.Status
+RUN_TASK = "trove.rollouts.run"  # workers/tasks/rollouts.py registers it under this stable name
+Enqueue = Callable[[int], None]
 
 
 def taskset_upsert(*, name: str, description: str, source: str, tasks: Iterable[dict]) -> TaskSet:
@@ -40,6 +48,10 @@ def taskset_upsert(*, name: str, description: str, source: str, tasks: Iterable[
     return task_set
 
 
+# Never echo the value back: someone who pasted the key itself here must not see it in an error (or a log).
+BAD_REFERENCE = "api_key_ref: must look like env:NAME or file:/path (a reference to the key, never the key)"
+
+
 def resolve_api_key(reference: str) -> str:
     """Turn a secret reference (`env:NAME`, `file:/path`, or empty) into the key. Never store the result."""
     if not reference:
@@ -50,13 +62,46 @@ def resolve_api_key(reference: str) -> str:
     if scheme == "file":
         with open(target) as handle:
             return handle.read().strip()
-    raise ValidationError(f"api_key_ref: {reference!r} must look like env:NAME or file:/path", field="api_key_ref")
+    raise ValidationError(BAD_REFERENCE, field="api_key_ref")
 
 
 def _check_secret_reference(reference: str) -> None:
     scheme = reference.partition(":")[0]
     if scheme not in ("env", "file"):
-        raise ValidationError(f"api_key_ref: {reference!r} must look like env:NAME or file:/path", field="api_key_ref")
+        raise ValidationError(BAD_REFERENCE, field="api_key_ref")
+
+
+def enqueue_by_name(rollout_id: int) -> None:
+    """Send `trove.rollouts.run` by name: webapp code may not import the worker's task module."""
+    from webapp.celery import app
+
+    app.send_task(RUN_TASK, args=(rollout_id,))
+
+
+def _check_job_options(*, samples_per_task: int, model_base_url: str, options: dict) -> None:
+    if samples_per_task < 1:
+        raise ValidationError("samples_per_task: must be at least 1", field="samples_per_task")
+    if not model_base_url.startswith(("http://", "https://")):
+        raise ValidationError("model_base_url: must be an http(s) URL", field="model_base_url")
+    if options.get("api_key_ref"):
+        _check_secret_reference(options["api_key_ref"])
+    if options.get("sampling", sampling.UNIFORM) not in sampling.POLICIES:
+        raise ValidationError(f"sampling: must be one of {', '.join(sampling.POLICIES)}", field="sampling")
+    for name in ("concurrency", "adaptive_first_round", "max_steps", "wall_time_s"):
+        if name in options and options[name] < 1:
+            raise ValidationError(f"{name}: must be at least 1", field=name)
+
+
+def _job_tasks(task_set: TaskSet, task_keys: list[str] | None) -> list[Task]:
+    tasks = list(task_set.tasks.all())
+    if task_keys is not None:
+        unknown = set(task_keys) - {task.key for task in tasks}
+        if unknown:
+            raise ValidationError(f"task_keys: not in {task_set.name!r}: {', '.join(sorted(unknown))}", field="task_keys")
+        tasks = [task for task in tasks if task.key in set(task_keys)]
+    if not tasks:
+        raise ValidationError(f"task_set: {task_set.name!r} has no tasks", field="task_set")
+    return tasks
 
 
 def job_create(
@@ -66,36 +111,49 @@ def job_create(
     model_base_url: str,
     model_name: str,
     samples_per_task: int = 1,
-    enqueue: Callable[[int], None],
+    enqueue: Enqueue | None = None,
     task_keys: list[str] | None = None,
     **options,
 ) -> RolloutJob:
-    """Create a job and its rollouts; each rollout is enqueued (by id) only after the transaction commits."""
-    if samples_per_task < 1:
-        raise ValidationError("samples_per_task: must be at least 1", field="samples_per_task")
-    if not model_base_url.startswith(("http://", "https://")):
-        raise ValidationError("model_base_url: must be an http(s) URL", field="model_base_url")
-    if options.get("api_key_ref"):
-        _check_secret_reference(options["api_key_ref"])
-    tasks = list(task_set.tasks.all())
-    if task_keys is not None:
-        unknown = set(task_keys) - {task.key for task in tasks}
-        if unknown:
-            raise ValidationError(f"task_keys: not in {task_set.name!r}: {', '.join(sorted(unknown))}", field="task_keys")
-        tasks = [task for task in tasks if task.key in set(task_keys)]
-    if not tasks:
-        raise ValidationError(f"task_set: {task_set.name!r} has no tasks", field="task_set")
+    """Create a job and its first rollouts: all of them (uniform) or the first round (adaptive).
+
+    Each rollout is enqueued (by id) only after the transaction commits; `enqueue` defaults to sending the
+    Celery task by name. An adaptive job's later rollouts are created as earlier ones finish.
+    """
+    _check_job_options(samples_per_task=samples_per_task, model_base_url=model_base_url, options=options)
+    tasks = _job_tasks(task_set, task_keys)
     with transaction.atomic():
         job = RolloutJob.objects.create(
             task_set=task_set, fleet=fleet, model_base_url=model_base_url, model_name=model_name,
             samples_per_task=samples_per_task, **options,
         )
-        rollouts = Rollout.objects.bulk_create(
-            [Rollout(job=job, task=task, sample_index=i) for task in tasks for i in range(samples_per_task)]
-        )
-        ids = [r.pk for r in rollouts] if rollouts[0].pk else list(job.rollouts.values_list("pk", flat=True))
-        transaction.on_commit(lambda: [enqueue(rollout_id) for rollout_id in ids])
+        first = selectors.job_policy(job).first_round_size
+        _create_rollouts(job, [Rollout(job=job, task=task, sample_index=i) for task in tasks for i in range(first)],
+                         enqueue)
     return job
+
+
+def job_submit(*, task_set_name: str, fleet_name: str, created_by=None, enqueue: Enqueue | None = None,
+               **fields) -> RolloutJob:
+    """A job from names (the trainer API's way in): resolve the task set and the fleet, then job_create."""
+    task_set = selectors.taskset_get_by_name(name=task_set_name)
+    fleet = Fleet.objects.filter(name=fleet_name).first()
+    if fleet is None:
+        raise NotFound(f"fleet: no fleet named {fleet_name!r}", field="fleet")
+    return job_create(task_set=task_set, fleet=fleet, created_by=created_by, enqueue=enqueue, **fields)
+
+
+def _create_rollouts(job: RolloutJob, rollouts: list[Rollout], enqueue: Enqueue | None) -> list[int]:
+    """Insert rollouts and enqueue them after commit. Caller is inside a transaction."""
+    if not rollouts:
+        return []
+    created = Rollout.objects.bulk_create(rollouts)
+    ids = [r.pk for r in created]
+    if None in ids:  # a backend without RETURNING
+        ids = list(job.rollouts.order_by("-id").values_list("pk", flat=True)[: len(rollouts)])[::-1]
+    send = enqueue or enqueue_by_name
+    transaction.on_commit(lambda: [send(rollout_id) for rollout_id in ids])
+    return ids
 
 
 def rollout_start(*, rollout_id: int, worker: str) -> Rollout | None:
@@ -120,17 +178,40 @@ def rollout_heartbeat(*, rollout_id: int, worker: str) -> bool:
     )
 
 
-def rollout_finish(*, rollout_id: int, worker: str, status: str, **fields) -> bool:
-    """running -> a final status, only if this worker still holds it. Then maybe complete the job."""
+def rollout_finish(*, rollout_id: int, worker: str, status: str, enqueue: Enqueue | None = None,
+                   **fields) -> bool:
+    """running -> a final status, only if this worker still holds it. Then plan the job's next samples and
+    maybe complete it. Runs under the job's row lock, so two rollouts finishing at once are planned one
+    after the other and never spend the same budget twice."""
     if status not in Rollout.FINISHED:
         raise ValidationError(f"status: {status!r} is not a final rollout status", field="status")
-    done = Rollout.objects.filter(pk=rollout_id, status=R.RUNNING, worker=worker).update(
-        status=status, finished_at=timezone.now(), **fields
-    )
-    if done:
-        job_id = Rollout.objects.values_list("job_id", flat=True).get(pk=rollout_id)
-        job_refresh(job_id=job_id)
-    return bool(done)
+    job_id = Rollout.objects.filter(pk=rollout_id).values_list("job_id", flat=True).first()
+    if job_id is None:
+        return False
+    with transaction.atomic():
+        _lock_job(job_id)
+        done = _finish_one(Rollout.objects.filter(pk=rollout_id, status=R.RUNNING, worker=worker),
+                           job_id=job_id, status=status, **fields)
+        if done:
+            _refresh_locked(job_id, enqueue)
+    return done
+
+
+def _lock_job(job_id: int) -> RolloutJob:
+    """Take the job's row lock for the rest of the transaction. Lock order: the job, then its rollouts."""
+    return RolloutJob.objects.select_for_update().get(pk=job_id)
+
+
+def _next_finish_seq(job_id: int) -> int:
+    """Caller holds the job's row lock, so no other transaction can take the same number."""
+    top = Rollout.objects.filter(job_id=job_id).aggregate(top=Max("finish_seq"))["top"]
+    return (top or 0) + 1
+
+
+def _finish_one(rollouts: QuerySet[Rollout], *, job_id: int, status: str, **fields) -> bool:
+    """Conditional update of at most one rollout to a final status. Caller holds the job's row lock."""
+    return bool(rollouts.update(status=status, finished_at=timezone.now(), finish_seq=_next_finish_seq(job_id),
+                                **fields))
 
 
 def rollout_requeue(*, rollout_id: int, worker: str, error: str) -> bool:
@@ -149,7 +230,7 @@ def rollouts_stale(*, now=None) -> list[Rollout]:
     return list(Rollout.objects.filter(status=R.RUNNING, heartbeat_at__lt=cutoff).select_related("sandbox"))
 
 
-def rollout_reap(*, rollout: Rollout) -> str:
+def rollout_reap(*, rollout: Rollout, enqueue: Enqueue | None = None) -> str:
     """Take a stale rollout back: requeue it if attempts remain, else mark infra_error. Returns the new status.
 
     Conditional on the stale heartbeat still being there, so a worker that was only slow keeps its rollout.
@@ -160,12 +241,14 @@ def rollout_reap(*, rollout: Rollout) -> str:
     if rollout.attempt < settings.TROVE_ROLLOUT_MAX_ATTEMPTS:
         outcome = R.QUEUED if base.update(status=R.QUEUED, worker="", error=error, sandbox=None, trajectory=None) else None
     else:
-        outcome = R.INFRA_ERROR if base.update(status=R.INFRA_ERROR, error=error, finished_at=timezone.now()) else None
+        with transaction.atomic():
+            _lock_job(rollout.job_id)
+            outcome = R.INFRA_ERROR if _finish_one(base, job_id=rollout.job_id, status=R.INFRA_ERROR, error=error) else None
+            if outcome:
+                _refresh_locked(rollout.job_id, enqueue)
     if outcome is None:
         return R.RUNNING
     _abandon_trajectory(rollout.trajectory_id)
-    if outcome == R.INFRA_ERROR:
-        job_refresh(job_id=rollout.job_id)
     return outcome
 
 
@@ -176,32 +259,118 @@ def _abandon_trajectory(trajectory_id: int | None) -> None:
 
 
 def job_progress(*, job: RolloutJob) -> dict:
-    counts = dict(job.rollouts.values_list("status").annotate(n=Count("id")).values_list("status", "n"))
-    total = sum(counts.values())
-    finished = sum(counts.get(s, 0) for s in Rollout.FINISHED)
-    return {"total": total, "finished": finished, "by_status": counts,
-            "percent": round(100 * finished / total) if total else 0}
+    """Kept here for its callers; a read, see selectors.job_progress."""
+    return selectors.job_progress(job=job)
 
 
-def job_refresh(*, job_id: int) -> None:
-    """Complete the job once none of its rollouts is queued or running. Idempotent."""
-    open_rollouts = Rollout.objects.filter(job_id=job_id, status__in=(R.QUEUED, R.RUNNING)).exists()
-    if open_rollouts:
-        return
-    RolloutJob.objects.filter(
-        pk=job_id, status__in=(RolloutJob.Status.QUEUED, RolloutJob.Status.RUNNING)
-    ).update(status=RolloutJob.Status.COMPLETED, finished_at=timezone.now())
+def job_refresh(*, job_id: int, enqueue: Enqueue | None = None) -> list[int]:
+    """Plan the job's next samples, and complete it once it has nothing open and nothing left to spend.
+
+    Idempotent. Returns the ids of the rollouts it created (adaptive jobs only).
+    """
+    with transaction.atomic():
+        _lock_job(job_id)
+        return _refresh_locked(job_id, enqueue)
+
+
+def _refresh_locked(job_id: int, enqueue: Enqueue | None) -> list[int]:
+    job = RolloutJob.objects.get(pk=job_id)
+    if job.status not in selectors.JOB_OPEN:
+        return []  # cancelled or completed: spend nothing more
+    created = _plan_locked(job, enqueue)
+    if not created and not Rollout.objects.filter(job_id=job_id, status__in=selectors.OPEN).exists():
+        RolloutJob.objects.filter(pk=job_id, status__in=selectors.JOB_OPEN).update(
+            status=RolloutJob.Status.COMPLETED, finished_at=timezone.now())
+    return created
+
+
+def job_plan_next(*, job: RolloutJob, enqueue: Enqueue | None = None) -> list[int]:
+    """Create and enqueue (after commit) the job's next rollouts under its sampling policy.
+
+    Idempotent and safe to call from any number of finishing rollouts at once: it holds the job's row lock
+    while it counts what was spent, so the budget is never over-spent. Returns the new rollout ids.
+    """
+    with transaction.atomic():
+        job = _lock_job(job.pk)
+        if job.status not in selectors.JOB_OPEN:
+            return []
+        return _plan_locked(job, enqueue)
+
+
+def _plan_locked(job: RolloutJob, enqueue: Enqueue | None) -> list[int]:
+    tallies, top_index = selectors.job_tallies(job_id=job.pk)
+    slots = job.concurrency - sum(t.open for t in tallies)
+    picks = sampling.plan(tallies, selectors.job_policy(job), slots=slots)
+    if not picks:
+        return []
+    rollouts = []
+    for task_id in picks:
+        top_index[task_id] = top_index.get(task_id, -1) + 1
+        rollouts.append(Rollout(job=job, task_id=task_id, sample_index=top_index[task_id]))
+    return _create_rollouts(job, rollouts, enqueue)
 
 
 def job_cancel(*, job: RolloutJob) -> int:
-    """Cancel queued rollouts now; running ones see it at their next heartbeat. Returns how many changed."""
+    """Cancel the job: its queued and running rollouts end as cancelled (a running one's worker sees it at
+    its next heartbeat and stops) and nothing more is planned. Returns how many rollouts changed."""
     with transaction.atomic():
-        cancelled = job.rollouts.filter(status=R.QUEUED).update(status=R.CANCELLED, finished_at=timezone.now())
-        running = job.rollouts.filter(status=R.RUNNING).update(status=R.CANCELLED, finished_at=timezone.now())
-        RolloutJob.objects.filter(pk=job.pk).exclude(status=RolloutJob.Status.COMPLETED).update(
-            status=RolloutJob.Status.CANCELLED, finished_at=timezone.now()
-        )
-    return cancelled + running
+        _lock_job(job.pk)
+        # Locking the rows keeps a worker from starting one of them between our read and our write.
+        open_rollouts = list(job.rollouts.select_for_update().filter(status__in=selectors.OPEN).order_by("id"))
+        seq, now = _next_finish_seq(job.pk), timezone.now()
+        for offset, rollout in enumerate(open_rollouts):
+            rollout.status, rollout.finished_at, rollout.finish_seq = R.CANCELLED, now, seq + offset
+        Rollout.objects.bulk_update(open_rollouts, ["status", "finished_at", "finish_seq"], batch_size=500)
+        RolloutJob.objects.filter(pk=job.pk, status__in=selectors.JOB_OPEN).update(
+            status=RolloutJob.Status.CANCELLED, finished_at=now)
+    job.refresh_from_db()
+    return len(open_rollouts)
+
+
+def rollout_cancel(*, rollout: Rollout, enqueue: Enqueue | None = None) -> bool:
+    """Cancel one queued or running rollout. The job goes on (an adaptive one may plan another sample; the
+    cancelled one still counts as spent). False if it had already finished."""
+    with transaction.atomic():
+        _lock_job(rollout.job_id)
+        done = _finish_one(Rollout.objects.filter(pk=rollout.pk, status__in=selectors.OPEN),
+                           job_id=rollout.job_id, status=R.CANCELLED)
+        if done:
+            _refresh_locked(rollout.job_id, enqueue)
+    rollout.refresh_from_db()
+    return done
+
+
+RERUNNABLE = (R.FAILED, R.INFRA_ERROR)
+
+
+def job_rerun_failed(*, job: RolloutJob, statuses: Iterable[str] = RERUNNABLE,
+                     enqueue: Enqueue | None = None) -> list[Rollout]:
+    """Run again, in the same job, every sample that ended in one of `statuses` and was not re-run yet.
+
+    Each new rollout gets the task's next sample index and points back at the one it re-runs (`rerun_of`);
+    the old rows stay as they are (evidence; infra errors never become training data). The job reopens, so a
+    trainer following its finished-rollouts cursor picks the new outcomes up with no change on its side.
+    Re-runs are spent on top of the budget. Only for a job that has finished (Conflict otherwise).
+    """
+    statuses = tuple(statuses)
+    if not statuses or set(statuses) - set(RERUNNABLE):
+        raise ValidationError(f"statuses: choose from {', '.join(RERUNNABLE)}", field="statuses")
+    with transaction.atomic():
+        job = _lock_job(job.pk)
+        if job.status in selectors.JOB_OPEN:
+            raise Conflict(f"job {job.pk} is still {job.status}: re-run its failed samples once it has finished",
+                           field="status")
+        failed = list(job.rollouts.filter(status__in=statuses, reruns__isnull=True).order_by("id"))
+        if not failed:
+            return []
+        _, top_index = selectors.job_tallies(job_id=job.pk)
+        rollouts = []
+        for old in failed:
+            top_index[old.task_id] += 1
+            rollouts.append(Rollout(job=job, task_id=old.task_id, sample_index=top_index[old.task_id], rerun_of=old))
+        ids = _create_rollouts(job, rollouts, enqueue)
+        RolloutJob.objects.filter(pk=job.pk).update(status=RolloutJob.Status.RUNNING, finished_at=None)
+    return list(Rollout.objects.filter(pk__in=ids).order_by("id"))
 
 
 def rollout_by_token(token: str) -> Rollout | None:
@@ -215,8 +384,5 @@ def rollout_by_token(token: str) -> Rollout | None:
 
 
 def job_get(*, job_id: int) -> RolloutJob:
-    try:
-        return RolloutJob.objects.select_related("task_set", "fleet").get(pk=job_id)
-    except RolloutJob.DoesNotExist:
-        raise NotFound(f"job {job_id} does not exist") from None
-
+    """Kept here for its callers; a read, see selectors.job_get."""
+    return selectors.job_get(job_id=job_id)

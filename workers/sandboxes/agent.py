@@ -117,7 +117,7 @@ json_loads, json_dumps = _json_codec()
 
 
 def accept(listener: _socket.socket) -> _socket.socket:
-    fd, _ = listener._accept()
+    fd, _ = listener._accept()  # type: ignore[attr-defined]  # the C method socket.accept() wraps
     return _socket.socket(fileno=fd)
 
 
@@ -206,7 +206,7 @@ def load_secret(secret_file: str) -> bytes:
 # ---------------------------------------------------------------- listening
 
 
-def parse_endpoint(endpoint: str) -> tuple[int, object]:
+def parse_endpoint(endpoint: str) -> tuple[int, str | tuple[str, int]]:
     """`unix:/path` -> (AF_UNIX, "/path"); `tcp:host:port` -> (AF_INET or AF_INET6, (host, port))."""
     kind, _, rest = endpoint.partition(":")
     if kind == "unix" and rest:
@@ -224,8 +224,7 @@ def open_listener(endpoint: str) -> _socket.socket:
     listening, so a client that sees the file can connect."""
     family, address = parse_endpoint(endpoint)
     sock = _socket.socket(family, _socket.SOCK_STREAM)
-    if family == _socket.AF_UNIX:
-        assert isinstance(address, str)
+    if isinstance(address, str):
         temporary = f"{address}.{os.getpid()}.tmp"
         if os.path.exists(temporary):
             os.unlink(temporary)
@@ -614,6 +613,7 @@ def main(argv: list[str]) -> None:
     secret = load_secret(opts.secret_file)
     _detach_stdin()
     workspace = opts.workspace or os.getcwd()
+    os.chdir(workspace)  # commands are spawned with the agent's own working directory
     agent = Agent(secret=secret, workspace=workspace, max_request=opts.max_request)
     if opts.forward:
         listen, target = parse_forward(opts.forward)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 
 SANDBOX_UID = 1000
 WORKSPACE = "/workspace"
@@ -72,27 +73,27 @@ class SandboxPaths:
 
     dir: str
 
-    @property
+    @cached_property
     def meta(self) -> str:
         return os.path.join(self.dir, "meta.json")
 
-    @property
+    @cached_property
     def workspace(self) -> str:
         return os.path.join(self.dir, "workspace")
 
-    @property
+    @cached_property
     def run(self) -> str:
         return os.path.join(self.dir, "run")
 
-    @property
+    @cached_property
     def socket(self) -> str:
         return os.path.join(self.run, SOCKET_NAME)
 
-    @property
+    @cached_property
     def log(self) -> str:
         return os.path.join(self.dir, "bwrap.log")
 
-    @property
+    @cached_property
     def status(self) -> str:
         return os.path.join(self.dir, "status.json")
 

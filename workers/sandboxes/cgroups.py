@@ -52,14 +52,15 @@ class Home:
 class CgroupManager:
     """Finds the hierarchies once, then creates limited cgroups for sandboxes. Thread-safe after __init__."""
 
-    def __init__(self, parent: str = "trove", *, mounts_file: str = "/proc/self/mountinfo",
+    def __init__(self, parent: str = "trove", *, enabled: bool = True, mounts_file: str = "/proc/self/mountinfo",
                  own_file: str = "/proc/self/cgroup") -> None:
         self.homes: dict[str, Home] = {}
-        self.problems: list[str] = []
-        v1_mounts, v2_mount = _read_mounts(mounts_file)
-        own = _read_own_cgroups(own_file)
-        for controller in CONTROLLERS:
-            self._find_home(controller, parent, v1_mounts, v2_mount, own)
+        self.problems: list[str] = [] if enabled else ["cgroups disabled by configuration"]
+        if enabled:
+            v1_mounts, v2_mount = _read_mounts(mounts_file)
+            own = _read_own_cgroups(own_file)
+            for controller in CONTROLLERS:
+                self._find_home(controller, parent, v1_mounts, v2_mount, own)
         if self.problems:
             _warn_once("sandbox resource limits are NOT fully enforced: " + "; ".join(self.problems))
 

@@ -70,6 +70,9 @@ TRANSIENT_POD_FAILURES = frozenset({"Evicted", "NodeLost", "Shutdown", "NodeShut
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 T = TypeVar("T")
+# A kubernetes.client.V1Pod. Typed Any because every field of the generated models is Optional, and the
+# API server always fills in the ones read here (metadata, name, uid, resourceVersion).
+Pod = Any
 
 
 def object_name(name: str) -> str:
@@ -116,6 +119,10 @@ class KubeSandboxConfig:
     agent_client_pod_labels: dict[str, str] = field(default_factory=dict)
 
 
+class WatchExpired(Exception):
+    """The API server no longer has history from our resourceVersion (410 Gone): relist."""
+
+
 @dataclass(frozen=True)
 class PodVerdict:
     """What a pod's status says about the sandbox, from `observe_pod`."""
@@ -135,7 +142,7 @@ class SandboxObservation:
     resource_version: str = ""
 
 
-def observe_pod(pod: k8s.V1Pod) -> PodVerdict:
+def observe_pod(pod: Pod) -> PodVerdict:
     """Map a pod's status onto a sandbox state. Pure: unit-testable and used by create, get, list and watch."""
     if pod.metadata.deletion_timestamp is not None:
         return PodVerdict("terminating", "Terminating")
@@ -163,7 +170,7 @@ def observe_pod(pod: k8s.V1Pod) -> PodVerdict:
     return PodVerdict("provisioning", "NotReady" if status.phase == "Running" else (status.phase or "Pending"))
 
 
-def _terminated_reason(status: k8s.V1PodStatus) -> str:
+def _terminated_reason(status: Any) -> str:
     for cs in status.container_statuses or []:
         if cs.state and cs.state.terminated is not None:
             code = cs.state.terminated.exit_code
@@ -282,6 +289,7 @@ class KubernetesBackend(SandboxBackend):
         self._net = k8s.NetworkingV1Api(self._client)
         self._fleet_uids: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._fleet_lock = threading.Lock()
         self.api_calls = 0  # every request to the API server, watches included (read by benchmarks)
         self.api_calls_by_method: dict[str, int] = {}
 
@@ -291,16 +299,19 @@ class KubernetesBackend(SandboxBackend):
         deadline = time.monotonic() + timeout
         if not (spec.image or self.config.default_image):
             raise SandboxStartFailed(f"sandbox {spec.name}: no image", reason="no_image", permanent=True)
-        owner = self._fleet_owner(spec.labels.get(LABEL_FLEET))
-        secret_value = self._ensure_secret(spec, owner)
-        pod = self._ensure_pod(spec, owner, deadline)
-        if not wait:
-            return self._handle(pod, secret_value)
         try:
+            owner = self._fleet_owner(spec.labels.get(LABEL_FLEET))
+            secret_value = self._ensure_secret(spec, owner)
+            pod = self._ensure_pod(spec, owner, deadline)
+            if not wait:
+                return self._handle(pod, secret_value)
             return self._wait_ready(pod, secret_value, deadline)
         except SandboxStartFailed:
             self._cleanup_after_failure(spec.name)
             raise
+        except SandboxError as exc:  # the API server failed us midway (unreachable, refused): same contract
+            self._cleanup_after_failure(spec.name)
+            raise SandboxStartFailed(str(exc), reason=exc.reason, permanent=exc.permanent) from exc
 
     def get(self, name: str) -> SandboxHandle:
         obj = object_name(name)
@@ -353,6 +364,14 @@ class KubernetesBackend(SandboxBackend):
         with self._lock:
             if fleet in self._fleet_uids:
                 return self._fleet_uids[fleet]
+        # One creator at a time, so a burst of creates for a new fleet makes one call, not one each.
+        with self._fleet_lock:
+            with self._lock:
+                if fleet in self._fleet_uids:
+                    return self._fleet_uids[fleet]
+            return self._create_fleet(fleet)
+
+    def _create_fleet(self, fleet: str) -> str:
         name = fleet_object_name(fleet)
         body = {"metadata": {"name": name, "labels": {LABEL_FLEET: fleet, LABEL_MANAGED_BY: "trove"}},
                 "data": {"fleet": fleet}}
@@ -379,7 +398,7 @@ class KubernetesBackend(SandboxBackend):
         *,
         network: str = "proxy-only",
         proxy_cidr: str | None = None,
-        proxy_port: int = 8000,
+        proxy_port: int = 8001,
         proxy_pod_labels: dict[str, str] | None = None,
         proxy_namespace_labels: dict[str, str] | None = None,
         allow_dns: bool = True,
@@ -421,6 +440,8 @@ class KubernetesBackend(SandboxBackend):
             try:
                 resource_version = self._relist(labels, known, callback)
                 self._watch_changes(labels, known, callback, stop_event, resource_version, poll_seconds)
+            except WatchExpired:
+                continue  # the relist reports what changed in the gap, deletions included
             except SandboxError as exc:
                 log.warning("sandbox watch: %s; relisting", exc)
                 stop_event.wait(1.0)
@@ -489,15 +510,16 @@ class KubernetesBackend(SandboxBackend):
             raise SandboxStartFailed(f"secret for {obj} vanished during create", reason="conflict")
         return existing
 
-    def _ensure_pod(self, spec: SandboxSpec, owner: dict[str, Any] | None, deadline: float) -> k8s.V1Pod:
+    def _ensure_pod(self, spec: SandboxSpec, owner: dict[str, Any] | None, deadline: float) -> Pod:
         obj = object_name(spec.name)
         manifest = pod_manifest(spec, config=self.config, owner=owner)
         while True:
+            if time.monotonic() > deadline:
+                raise SandboxStartFailed(f"pod {obj} kept conflicting with an older one", reason="conflict")
             try:
                 return self._call(self._core.create_namespaced_pod, self.namespace, manifest)
             except k8s.ApiException as exc:
                 if exc.status != 409:
-                    self._delete(self._core.delete_namespaced_secret, secret_name(obj))
                     raise self._error(exc, f"create pod {obj}", start=True) from exc
             existing = self._read_pod(obj)
             if existing is None:
@@ -507,20 +529,18 @@ class KubernetesBackend(SandboxBackend):
             # A previous incarnation (a failed attempt we cleaned up) is still terminating.
             self._wait_gone(obj, existing, deadline)
 
-    def _wait_gone(self, obj: str, pod: k8s.V1Pod, deadline: float) -> None:
-        for kind, _ in self._pod_events(f"{LABEL_SANDBOX}={obj}", pod.metadata.resource_version, deadline,
-                                        field_selector=f"metadata.name={obj}"):
+    def _wait_gone(self, obj: str, pod: Pod, deadline: float) -> None:
+        for kind, _ in self._follow_pod(pod, deadline):
             if kind == "DELETED":
                 return
         if self._read_pod(obj) is not None:
             raise SandboxStartFailed(f"previous pod {obj} still terminating", reason="terminating")
 
-    def _wait_ready(self, pod: k8s.V1Pod, secret_value: str, deadline: float) -> SandboxHandle:
+    def _wait_ready(self, pod: Pod, secret_value: str, deadline: float) -> SandboxHandle:
         obj = pod.metadata.name
         verdict = self._check_start(pod)
         if verdict.state != "ready":
-            for kind, event_pod in self._pod_events(f"{LABEL_SANDBOX}={obj}", pod.metadata.resource_version, deadline,
-                                                    field_selector=f"metadata.name={obj}"):
+            for kind, event_pod in self._follow_pod(pod, deadline):
                 if kind == "DELETED":
                     raise SandboxStartFailed(f"pod {obj} was deleted while starting", reason="deleted")
                 pod, verdict = event_pod, self._check_start(event_pod)
@@ -535,7 +555,7 @@ class KubernetesBackend(SandboxBackend):
         return handle
 
     @staticmethod
-    def _check_start(pod: k8s.V1Pod) -> PodVerdict:
+    def _check_start(pod: Pod) -> PodVerdict:
         verdict = observe_pod(pod)
         if verdict.state == "failed":
             raise SandboxStartFailed(f"pod {pod.metadata.name} failed: {verdict.reason} {verdict.message}".strip(),
@@ -571,10 +591,13 @@ class KubernetesBackend(SandboxBackend):
     # -- helpers -----------------------------------------------------------------------------------------
 
     def _pod_events(self, selector: str, resource_version: str, deadline: float, *,
-                    field_selector: str | None = None) -> Iterator[tuple[str, k8s.V1Pod]]:
-        """Watch events for pods matching `selector` after `resource_version`, until `deadline`.
-        Re-opens a watch the server closed; on 410 Gone restarts from a fresh list."""
-        listing_kw: dict[str, Any] = {"label_selector": selector}
+                    field_selector: str | None = None) -> Iterator[tuple[str, Pod]]:
+        """Watch events for pods matching the selectors after `resource_version`, until `deadline`.
+        Re-opens a watch the server closed. Raises WatchExpired when `resource_version` is too old
+        (410 Gone): the caller relists, since what happened in between is lost."""
+        listing_kw: dict[str, Any] = {}
+        if selector:
+            listing_kw["label_selector"] = selector
         if field_selector:
             listing_kw["field_selector"] = field_selector
         while (remaining := deadline - time.monotonic()) > 0:
@@ -596,20 +619,37 @@ class KubernetesBackend(SandboxBackend):
                     if time.monotonic() >= deadline:
                         return
             except k8s.ApiException as exc:
-                if exc.status != 410:
-                    raise self._error(exc, "watch pods") from exc
-                listing = self._api(self._core.list_namespaced_pod, self.namespace, what="relist", **listing_kw)
-                resource_version = listing.metadata.resource_version
-                for pod in listing.items:
-                    yield "MODIFIED", pod
+                if exc.status == 410:
+                    raise WatchExpired(resource_version) from exc
+                raise self._error(exc, "watch pods") from exc
             except (urllib3.exceptions.HTTPError, OSError) as exc:
-                if time.monotonic() >= deadline:
-                    return
                 log.warning("pod watch dropped (%s); reopening", exc)
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
             finally:
                 stream.stop()
 
-    def _handle(self, pod: k8s.V1Pod, secret_value: str) -> SandboxHandle:
+    def _follow_pod(self, pod: Pod, deadline: float) -> Iterator[tuple[str, Pod]]:
+        """Changes to one pod until `deadline`; ends after its DELETED. Survives an expired watch by
+        reading the pod afresh (a pod that vanished meanwhile is reported DELETED)."""
+        obj, resource_version = pod.metadata.name, pod.metadata.resource_version
+        while time.monotonic() < deadline:
+            try:
+                for kind, event_pod in self._pod_events("", resource_version, deadline,
+                                                        field_selector=f"metadata.name={obj}"):
+                    resource_version = event_pod.metadata.resource_version
+                    yield kind, event_pod
+                    if kind == "DELETED":
+                        return
+                return
+            except WatchExpired:
+                current = self._read_pod(obj)
+                if current is None or current.metadata.uid != pod.metadata.uid:
+                    yield "DELETED", pod
+                    return
+                resource_version = current.metadata.resource_version
+                yield "MODIFIED", current
+
+    def _handle(self, pod: Pod, secret_value: str) -> SandboxHandle:
         verdict = observe_pod(pod)
         pod_ip = pod.status.pod_ip if pod.status else None
         annotations = pod.metadata.annotations or {}
@@ -633,7 +673,7 @@ class KubernetesBackend(SandboxBackend):
                                    reason="not_ready")
         return AgentClient(handle.endpoint, handle.secret)
 
-    def _read_pod(self, obj: str) -> k8s.V1Pod | None:
+    def _read_pod(self, obj: str) -> Pod | None:
         try:
             return self._call(self._core.read_namespaced_pod, obj, self.namespace)
         except k8s.ApiException as exc:
@@ -665,7 +705,7 @@ class KubernetesBackend(SandboxBackend):
             self.api_calls += 1
             self.api_calls_by_method[method] = self.api_calls_by_method.get(method, 0) + 1
 
-    def _call(self, method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """One API request, counted. ApiException passes through for the caller to interpret; transport
         failures become a transient SandboxError."""
         self._count(method.__name__)
@@ -675,7 +715,7 @@ class KubernetesBackend(SandboxBackend):
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise SandboxError(f"API server unreachable: {exc}", reason="api_unavailable") from exc
 
-    def _api(self, method: Callable[..., T], *args: Any, what: str, **kwargs: Any) -> T:
+    def _api(self, method: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:
         try:
             return self._call(method, *args, **kwargs)
         except k8s.ApiException as exc:
@@ -711,7 +751,7 @@ def _status_message(exc: k8s.ApiException) -> str:
         return str(exc.body or "")
 
 
-def _secret_value(secret: k8s.V1Secret) -> str:
+def _secret_value(secret: Any) -> str:
     raw = (secret.data or {}).get(SECRET_KEY)
     if raw is None:
         return ""

@@ -40,12 +40,14 @@ Network: "none" (and "proxy-only" without a proxy socket) keeps an empty network
 enforced locally: it is refused unless the backend was built with `allow_host_network=True`, in which case
 the sandbox shares the host network without filtering.
 
-Limits: memory, pids and CPU through cgroups (see cgroups.py; `limits_enforced` says whether the host
-allows them). `disk_mb` sizes the /tmp tmpfs only; the workspace is a host directory without a quota.
+Limits: memory, pids and CPU through one cgroup per sandbox per hierarchy, named `<name>.<root tag>` (see
+cgroups.py; `limits_enforced` says whether the host allows them). `disk_mb` sizes the /tmp tmpfs only; the
+workspace is a host directory without a quota.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -102,6 +104,7 @@ class LocalBackend(SandboxBackend):
         *,
         host_uid: int | None = DEFAULT_HOST_UID,
         cgroup_parent: str = "trove",
+        use_cgroups: bool = True,
         default_pids: int | None = 1024,
         default_memory_mb: int | None = None,
         default_cpu: float | None = None,
@@ -117,8 +120,9 @@ class LocalBackend(SandboxBackend):
         self.bwrap_path = bwrap_path
         self.python = python
         self.setpriv = setpriv
-        self.cgroups = CgroupManager(cgroup_parent)
+        self.cgroups = CgroupManager(cgroup_parent, enabled=use_cgroups)
         self.limits_enforced = self.cgroups.enforced
+        self.root_tag = hashlib.sha256(self.root.encode()).hexdigest()[:8]
         self.shared_dir = os.path.join(self.root, ".shared")
         self._prepare_root()
 
@@ -199,13 +203,22 @@ class LocalBackend(SandboxBackend):
         if meta:
             _write_json(paths.meta, {**meta, "terminating": True})
         _kill_sandbox(meta, paths)
-        cgroup_dirs = sorted(set(meta.get("cgroups", [])) | set(self.cgroups.dirs_for(name)))
+        cgroup_dirs = sorted(set(meta.get("cgroups", [])) | set(self.cgroup_dirs(name)))
         left = kill_and_remove(cgroup_dirs, timeout=KILL_TIMEOUT)
         shutil.rmtree(paths.dir, ignore_errors=True)
         problems = _leftovers(paths, meta, left)
         _sweep_supervisors()
         if problems:
             raise SandboxError(f"destroy of {name} left: {'; '.join(problems)}", reason="destroy_incomplete")
+
+    def cgroup_dirs(self, name: str) -> list[str]:
+        """The cgroup directories sandbox `name` has (or would have) on this host."""
+        return self.cgroups.dirs_for(self._cgroup_name(name))
+
+    def _cgroup_name(self, name: str) -> str:
+        """The sandbox's name, tagged with this root: two roots on one host (a test run beside a dev
+        server) may both hold a `trove-1-1`, and one must never kill the other's processes."""
+        return f"{name}.{self.root_tag}"
 
     # ------------------------------------------------------------ create
 
@@ -219,7 +232,7 @@ class LocalBackend(SandboxBackend):
         meta: dict[str, Any] = {"name": spec.name, "labels": dict(spec.labels), "secret": secrets.token_urlsafe(32),
                                 "created_at": time.time(), "network": spec.network}
         try:
-            meta["cgroups"] = self.cgroups.create(spec.name, self._limits(spec))
+            meta["cgroups"] = self.cgroups.create(self._cgroup_name(spec.name), self._limits(spec))
         except CgroupError as exc:
             raise SandboxStartFailed(str(exc), reason="cgroup") from exc
         _write_json(paths.meta, meta)  # labels and cgroups on disk before any process exists
@@ -345,8 +358,8 @@ class LocalBackend(SandboxBackend):
         return bwrap.SandboxPaths(os.path.join(self.root, name))
 
     def _prepare_root(self) -> None:
-        """Create `root` and the shared files; check the sandbox uid can reach them (bwrap opens bind
-        sources as that uid)."""
+        """Create `root` and the shared files (agent, compiled agent, /etc files). If the sandbox uid cannot
+        reach `root` (bwrap opens bind sources as that uid), warn and run bwrap as the current user."""
         os.makedirs(os.path.join(self.shared_dir, "etc"), exist_ok=True)
         os.chmod(self.root, 0o711)
         for directory in (self.shared_dir, os.path.join(self.shared_dir, "etc")):
@@ -512,9 +525,17 @@ def _await_supervisor_exit(paths: bwrap.SandboxPaths, meta: dict[str, Any], *, t
 
 
 def _leftovers(paths: bwrap.SandboxPaths, meta: dict[str, Any], cgroups_left: list[str]) -> list[str]:
+    """What destroy() failed to remove. Every sandbox process (supervisor included) is in the sandbox's
+    cgroups, so their removal proves no process is left; without cgroups, scan /proc for any process
+    whose command line names the sandbox directory."""
     problems = [f"cgroup {d}" for d in cgroups_left]
     if os.path.exists(paths.dir):
         problems.append(f"directory {paths.dir}")
+    if not meta.get("cgroups"):
+        problems += [f"process {pid}" for pid in procs.processes_mentioning(paths.dir + "/")]
+    with open("/proc/self/mounts") as f:
+        if any(paths.dir in line for line in f):
+            problems.append(f"a mount under {paths.dir}")
     if procs.is_alive(meta.get("pid"), meta.get("pid_start")):
         problems.append(f"supervisor pid {meta['pid']}")
     init_pid, init_ns = _namespace_init(paths)
@@ -565,7 +586,7 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
     temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with open(fd, "w") as f:
-        json.dump(data, f)
+        f.write(json.dumps(data))  # dumps uses the C encoder; dump(f) streams through the Python one
     os.replace(temporary, path)
 
 

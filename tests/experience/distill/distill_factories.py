@@ -40,7 +40,7 @@ def record(
     return TrajectoryRecord(
         source="import",
         source_format="test",
-        source_ref=f"{task_key}:{id(steps)}",
+        source_ref=f"test:{task_key}",
         task_key=task_key,
         instruction=instruction,
         task_set="unit",

@@ -36,15 +36,16 @@ def test_every_kind_builds_per_split_files_that_agree_with_the_manifest(tmp_path
         assert all(row["kind"] == kind for row in jsonl_rows)
 
 
+def jsonl_hashes(manifest):
+    return {f["name"]: f["sha256"] for f in manifest["files"] if f["name"].endswith(".jsonl.gz")}
+
+
 def test_a_rebuild_writes_identical_jsonl_and_the_same_hash(tmp_path):
     first = distill(iter(corpus()), DatasetSpec(kind="value"), out_dir=tmp_path / "a")
     second = distill(iter(corpus()), DatasetSpec(kind="value"), out_dir=tmp_path / "b")
 
     assert first["content_hash"] == second["content_hash"]
-    jsonl = lambda manifest: {
-        f["name"]: f["sha256"] for f in manifest["files"] if f["name"].endswith(".jsonl.gz")
-    }  # noqa: E731
-    assert jsonl(first) == jsonl(second)
+    assert jsonl_hashes(first) == jsonl_hashes(second)
 
 
 def test_an_empty_build_raises_and_leaves_no_files(tmp_path):

@@ -205,7 +205,9 @@ def test_marshmallow_variants_agree_whatever_the_tool_configuration():
         (imported,) = parse(path)
         labels = per_step_labels(imported)
         first_edits.add(
-            next(imported.steps[i].command.split()[0] for i, l in enumerate(labels) if l["edited_source"])
+            next(
+                imported.steps[i].command.split()[0] for i, step in enumerate(labels) if step["edited_source"]
+            )
         )
 
     assert len(variants) == 8

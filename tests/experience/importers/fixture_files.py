@@ -16,9 +16,17 @@ SAMPLES = Path(__file__).resolve().parent / "samples"
 
 SWE_AGENT = FIXTURES / "swe-agent"
 SWE_TEST_DATA = SWE_AGENT / "tests" / "test_data" / "trajectories"
-PYDICOM = SWE_TEST_DATA / "gpt4__swe-bench-dev-easy_first_only__default__t-0.00__p-0.95__c-3.00__install-1" / "pydicom__pydicom-1458.traj"
+PYDICOM = (
+    SWE_TEST_DATA
+    / "gpt4__swe-bench-dev-easy_first_only__default__t-0.00__p-0.95__c-3.00__install-1"
+    / "pydicom__pydicom-1458.traj"
+)
 ALL_PREDS = PYDICOM.parent / "all_preds.jsonl"
-TEST_REPO_FC = SWE_TEST_DATA / "gpt4__swe-agent-test-repo__default_from_url__t-0.00__p-0.95__c-3.00__install-1" / "6e44b9__sweagenttestrepo-1c2844.traj"
+TEST_REPO_FC = (
+    SWE_TEST_DATA
+    / "gpt4__swe-agent-test-repo__default_from_url__t-0.00__p-0.95__c-3.00__install-1"
+    / "6e44b9__sweagenttestrepo-1c2844.traj"
+)
 DEMOS = SWE_AGENT / "trajectories" / "demonstrations"
 OPENHANDS = FIXTURES / "openhands"
 MULTI_SWE = OPENHANDS / "evaluation" / "benchmarks" / "multi_swe_bench" / "examples" / "output.jsonl"
@@ -26,7 +34,9 @@ RESOLVER = OPENHANDS / "tests" / "unit" / "resolver" / "mock_output" / "output.j
 EVENT_STREAMS = OPENHANDS / "tests" / "runtime" / "trajs"
 INSPECT = FIXTURES / "inspect-ai"
 BROWSER = INSPECT / "tests" / "analysis" / "test_logs" / "2025-05-12T20-27-36-04-00_browser.json"
-SECURITY_GUIDE = INSPECT / "tests" / "analysis" / "test_logs" / "2025-05-12T20-28-26-04-00_security-guide.json"
+SECURITY_GUIDE = (
+    INSPECT / "tests" / "analysis" / "test_logs" / "2025-05-12T20-28-26-04-00_security-guide.json"
+)
 EVAL_ZIP = INSPECT / "tests" / "log" / "test_eval_log" / "log_streaming.eval"
 MINI_V1 = SAMPLES / "example__calc-17.traj.json"
 MINI_V2 = SAMPLES / "django__django-11099.traj.json"

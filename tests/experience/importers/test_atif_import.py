@@ -11,13 +11,20 @@ from importers.fixture_files import ATIF_SAMPLE, raw_json
 def test_agent_steps_become_model_calls_and_their_tool_calls_actions() -> None:
     [record] = iter_records(ATIF_SAMPLE)
     assert [s.kind for s in record.steps] == [
-        "message", "message",
-        "model_call", "tool_call", "observation", "command",
-        "model_call", "command",
+        "message",
+        "message",
+        "model_call",
+        "tool_call",
+        "observation",
+        "command",
+        "model_call",
+        "command",
         "model_call",
     ]
     write, cat = record.steps[3], record.steps[5]
-    assert write.tool_calls[0]["function"]["name"] == "Write" and write.payload["tool_call_id"] == "toolu_01HgM4"
+    assert (
+        write.tool_calls[0]["function"]["name"] == "Write" and write.payload["tool_call_id"] == "toolu_01HgM4"
+    )
     assert record.steps[4].text == "File created successfully at: /app/hello.txt"
     assert (cat.command, cat.output) == ("cat /app/hello.txt", "Hello, world!")
 

@@ -21,8 +21,11 @@ def test_browser_sample_maps_every_agent_event_in_time_order() -> None:
     [record] = iter_records(BROWSER)
     turn = ["model_call", "tool_call", "sandbox_event", "sandbox_event", "observation"]
     assert [s.kind for s in record.steps] == (
-        ["message", "model_call", "tool_call"] + ["sandbox_event"] * 4 + ["observation"]
-        + turn[:] * 3 + ["model_call", "eval"]
+        ["message", "model_call", "tool_call"]
+        + ["sandbox_event"] * 4
+        + ["observation"]
+        + turn[:] * 3
+        + ["model_call", "eval"]
     )
     moments = [s.started_at or s.ended_at for s in record.steps[1:]]
     assert moments == sorted(moments)
@@ -45,7 +48,10 @@ def test_browser_model_calls_keep_tokens_timing_and_context() -> None:
     assert [len(c.request_messages) for c in calls] == [1, 3, 5, 7, 9]
     assert calls[0].request_messages[0].content == sample["input"]  # the attachment put back
     assert calls[-1].response_text == sample["output"]["choices"][0]["message"]["content"]
-    assert calls[0].tool_calls[0]["function"] == {"name": "web_browser_go", "arguments": '{"url": "https://www.aisi.gov.uk/"}'}
+    assert calls[0].tool_calls[0]["function"] == {
+        "name": "web_browser_go",
+        "arguments": '{"url": "https://www.aisi.gov.uk/"}',
+    }
 
 
 def test_attachments_are_resolved_everywhere() -> None:
@@ -60,7 +66,11 @@ def test_tool_events_keep_their_result_and_duration() -> None:
     assert [o.text for o in observations] == [e["result"] for e in tools]
     assert [o.duration_ms for o in observations] == [e["working_time"] * 1000 for e in tools]
     sandbox = [s for s in record.steps if s.kind == "sandbox_event"]
-    assert len(sandbox) == 10 and sandbox[0].command == "which inspect-tool-support" and sandbox[0].exit_code == 0
+    assert (
+        len(sandbox) == 10
+        and sandbox[0].command == "which inspect-tool-support"
+        and sandbox[0].exit_code == 0
+    )
 
 
 def test_browser_score_is_the_reward() -> None:
@@ -84,8 +94,10 @@ def test_a_model_graded_scorer_call_is_evaluation_not_an_agent_decision() -> Non
         assert grading.tokens_in == model_events(sample)[1]["output"]["usage"]["input_tokens"]
         assert record.steps[4].text == sample["scores"]["model_graded_fact"]["explanation"]
         assert record.reward == 1.0
-    assert [r.steps[2].tokens_in for r in records] == [e["output"]["usage"]["input_tokens"] for e in (
-        model_events(s)[0] for s in raw_json(SECURITY_GUIDE)["samples"])]
+    assert [r.steps[2].tokens_in for r in records] == [
+        e["output"]["usage"]["input_tokens"]
+        for e in (model_events(s)[0] for s in raw_json(SECURITY_GUIDE)["samples"])
+    ]
 
 
 def test_eval_archive_reads_each_sample_and_epoch() -> None:
@@ -93,15 +105,25 @@ def test_eval_archive_reads_each_sample_and_epoch() -> None:
     with zipfile.ZipFile(EVAL_ZIP) as archive:
         names = sorted(n for n in archive.namelist() if n.startswith("samples/"))
         samples = [json.loads(archive.read(n)) for n in names]
-    assert names == ["samples/1_epoch_1.json", "samples/1_epoch_2.json", "samples/2_epoch_1.json",
-                     "samples/2_epoch_2.json"]
-    assert [r.reward for r in records] == [{"C": 1.0, "I": 0.0}[s["scores"]["match"]["value"]] for s in samples]
+    assert names == [
+        "samples/1_epoch_1.json",
+        "samples/1_epoch_2.json",
+        "samples/2_epoch_1.json",
+        "samples/2_epoch_2.json",
+    ]
+    assert [r.reward for r in records] == [
+        {"C": 1.0, "I": 0.0}[s["scores"]["match"]["value"]] for s in samples
+    ]
     assert [r.reward for r in records] == [0.0, 1.0, 1.0, 1.0]
     assert [r.success for r in records] == [False, True, True, True]
     assert [r.steps[2].tokens_in for r in records] == [s["output"]["usage"]["input_tokens"] for s in samples]
     assert [r.steps[2].tokens_in for r in records] == [66, 66, 60, 60]
-    assert [r.source_ref.rsplit("/", 2)[1:] for r in records] == [["1", "epoch-1"], ["1", "epoch-2"],
-                                                                   ["2", "epoch-1"], ["2", "epoch-2"]]
+    assert [r.source_ref.rsplit("/", 2)[1:] for r in records] == [
+        ["1", "epoch-1"],
+        ["1", "epoch-2"],
+        ["2", "epoch-1"],
+        ["2", "epoch-2"],
+    ]
     assert all(r.task_set == "popularity" and r.source_version == "2" for r in records)
 
 

@@ -11,19 +11,29 @@ from importers.fixture_files import MINI_V1, MINI_V2, raw_json
 def test_format_1_run_pairs_each_bash_block_with_its_returncode_and_output() -> None:
     [record] = iter_records(MINI_V1)
     assert [s.kind for s in record.steps] == [
-        "message", "message",
-        "model_call", "command",
-        "model_call", "observation",  # two bash blocks: a format error, nothing ran
-        "model_call", "command",
-        "model_call", "command",
-        "model_call", "command", "observation",  # the submission, sent back as the final user message
+        "message",
+        "message",
+        "model_call",
+        "command",
+        "model_call",
+        "observation",  # two bash blocks: a format error, nothing ran
+        "model_call",
+        "command",
+        "model_call",
+        "command",
+        "model_call",
+        "command",
+        "observation",  # the submission, sent back as the final user message
     ]
     commands = [s for s in record.steps if s.kind == "command"]
     assert [c.exit_code for c in commands] == [0, 1, 0, None]
     assert commands[0].command == 'grep -rn "def divide" src/'
     assert commands[0].output == "src/calc.py:12:def divide(a, b):"
     assert commands[1].output.endswith("ZeroDivisionError: division by zero")
-    assert record.steps[5].text == "Please always provide EXACTLY ONE action in triple backticks, found 2 actions."
+    assert (
+        record.steps[5].text
+        == "Please always provide EXACTLY ONE action in triple backticks, found 2 actions."
+    )
 
 
 def test_format_1_model_calls_keep_usage_ids_and_context() -> None:
@@ -31,10 +41,18 @@ def test_format_1_model_calls_keep_usage_ids_and_context() -> None:
     raw = raw_json(MINI_V1)
     assistants = [m for m in raw["messages"] if m["role"] == "assistant"]
     calls = [s for s in record.steps if s.kind == "model_call"]
-    assert [c.tokens_in for c in calls] == [m["extra"]["response"]["usage"]["prompt_tokens"] for m in assistants]
+    assert [c.tokens_in for c in calls] == [
+        m["extra"]["response"]["usage"]["prompt_tokens"] for m in assistants
+    ]
     assert [c.tokens_in for c in calls] == [1480, 1563, 1671, 1822, 1911]
     assert [c.tokens_out for c in calls] == [41, 72, 49, 88, 37]
-    assert [c.call_id for c in calls] == ["chatcmpl-0a1", "chatcmpl-0a2", "chatcmpl-0a3", "chatcmpl-0a4", "chatcmpl-0a5"]
+    assert [c.call_id for c in calls] == [
+        "chatcmpl-0a1",
+        "chatcmpl-0a2",
+        "chatcmpl-0a3",
+        "chatcmpl-0a4",
+        "chatcmpl-0a5",
+    ]
     assert [len(c.request_messages) for c in calls] == [2, 4, 6, 8, 10]
     assert calls[0].model == "claude-sonnet-4-20250514"
 
@@ -53,16 +71,29 @@ def test_format_1_run_fields() -> None:
 def test_format_1_1_run_matches_tool_answers_to_their_calls() -> None:
     [record] = iter_records(MINI_V2)
     assert [s.kind for s in record.steps] == [
-        "message", "message",
-        "model_call", "command", "command",
-        "model_call", "observation",
-        "model_call", "command",
-        "model_call", "command",
-        "model_call", "command",
+        "message",
+        "message",
+        "model_call",
+        "command",
+        "command",
+        "model_call",
+        "observation",
+        "model_call",
+        "command",
+        "model_call",
+        "command",
+        "model_call",
+        "command",
         "note",
     ]
     commands = [s for s in record.steps if s.kind == "command"]
-    assert [c.payload["tool_call_id"] for c in commands] == ["call_a1", "call_a2", "call_b1", "call_c1", "call_d1"]
+    assert [c.payload["tool_call_id"] for c in commands] == [
+        "call_a1",
+        "call_a2",
+        "call_b1",
+        "call_c1",
+        "call_d1",
+    ]
     assert [c.exit_code for c in commands] == [0, 0, 1, 0, None]
     assert commands[0].output == "9:    regex = r'^[\\w.@+-]+$'\n19:    regex = r'^[\\w.@+-]+$'\n"
     format_error = record.steps[6]

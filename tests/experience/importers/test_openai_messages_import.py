@@ -22,10 +22,17 @@ def test_each_line_is_one_run_with_its_reward_and_success() -> None:
 def test_shell_calls_become_commands_and_other_tools_tool_calls_with_observations() -> None:
     record = next(iter_records(CONVERSATIONS))
     assert [s.kind for s in record.steps] == [
-        "message", "message",
-        "model_call", "command",
-        "model_call", "tool_call", "observation",
-        "model_call", "tool_call", "observation", "command",
+        "message",
+        "message",
+        "model_call",
+        "command",
+        "model_call",
+        "tool_call",
+        "observation",
+        "model_call",
+        "tool_call",
+        "observation",
+        "command",
         "model_call",
     ]
     commands = [s for s in record.steps if s.kind == "command"]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
 from experience.importers import iter_records
+from experience.importers.base import task_hash
 from importers.fixture_files import EVENT_STREAMS, MULTI_SWE, RESOLVER, raw_json, raw_jsonl
 
 
@@ -23,8 +23,14 @@ def response_ids(history: list[dict]) -> list[str]:
 
 def test_multi_swe_bench_output_holds_three_runs_in_file_order() -> None:
     records = list(iter_records(MULTI_SWE))
-    assert [r.task_key for r in records] == ["ponylang__ponyc-4595", "ponylang__ponyc-4593", "ponylang__ponyc-4588"]
-    assert [r.source_ref for r in records] == [f"openhands:examples/output.jsonl#{r.task_key}" for r in records]
+    assert [r.task_key for r in records] == [
+        "ponylang__ponyc-4595",
+        "ponylang__ponyc-4593",
+        "ponylang__ponyc-4588",
+    ]
+    assert [r.source_ref for r in records] == [
+        f"openhands:examples/output.jsonl#{r.task_key}" for r in records
+    ]
     assert {r.source_format for r in records} == {"openhands-output"}
     assert {r.source_version for r in records} == {"0.35.0"}
     assert {r.harness for r in records} == {"openhands/CodeActAgent"}
@@ -40,7 +46,9 @@ def test_one_model_call_per_model_response_with_its_tokens_and_latency() -> None
         assert [c.tokens_in for c in calls] == [usage[c.call_id]["prompt_tokens"] for c in calls]
         assert [c.latency_ms for c in calls] == [latency[c.call_id] * 1000 for c in calls]
         total = raw["metrics"]["accumulated_token_usage"]
-        assert sum(c.tokens_in for c in calls) == total["prompt_tokens"] == record.metadata["usage"]["tokens_in"]
+        assert (
+            sum(c.tokens_in for c in calls) == total["prompt_tokens"] == record.metadata["usage"]["tokens_in"]
+        )
         assert sum(c.tokens_out for c in calls) == total["completion_tokens"]
 
 
@@ -60,7 +68,9 @@ def test_run_actions_become_commands_with_output_exit_code_and_timing() -> None:
     runs = [e for e in raw["history"] if e.get("action") == "run"]
     assert [c.command for c in commands] == [e["args"]["command"] for e in runs]
     answers = {e["cause"]: e for e in raw["history"] if e.get("observation") == "run"}
-    assert [c.exit_code for c in commands] == [answers[e["id"]]["extras"]["metadata"]["exit_code"] for e in runs]
+    assert [c.exit_code for c in commands] == [
+        answers[e["id"]]["extras"]["metadata"]["exit_code"] for e in runs
+    ]
     first = commands[0]
     assert first.command == "ls /workspace/ponylang__ponyc__0.1" and first.exit_code == 0
     assert first.started_at == datetime(2025, 4, 30, 16, 45, 43, 619026, tzinfo=UTC)
@@ -105,9 +115,13 @@ def test_resolver_runs_in_the_older_layout_pair_each_action_with_the_next_observ
     record = next(iter_records(RESOLVER))
     assert [(s.kind, s.payload.get("role")) for s in record.steps] == [
         ("message", "user"),
-        ("message", "assistant"), ("command", None),
-        ("message", "assistant"), ("tool_call", None), ("observation", None),
-        ("message", "assistant"), ("command", None),
+        ("message", "assistant"),
+        ("command", None),
+        ("message", "assistant"),
+        ("tool_call", None),
+        ("observation", None),
+        ("message", "assistant"),
+        ("command", None),
         ("message", "assistant"),
         ("eval", None),
     ]
@@ -122,11 +136,44 @@ def test_resolver_runs_in_the_older_layout_pair_each_action_with_the_next_observ
     [
         ("basic.json", ["message", "model_call", "tool_call", "file_change", "model_call", "message"]),
         ("basic_interactions.json", ["message"] * 5 + ["model_call", "message"]),
-        ("wrong_initial_state.json", ["message", "model_call", "tool_call", "observation", "model_call", "command",
-                                      "model_call", "tool_call", "observation", "model_call", "message"]),
-        ("basic_gui_mode.json", ["note", "note", "note", "message", "note", "model_call", "command", "model_call",
-                                 "tool_call", "file_change", "model_call", "tool_call", "file_change", "model_call",
-                                 "command", "message", "note"]),
+        (
+            "wrong_initial_state.json",
+            [
+                "message",
+                "model_call",
+                "tool_call",
+                "observation",
+                "model_call",
+                "command",
+                "model_call",
+                "tool_call",
+                "observation",
+                "model_call",
+                "message",
+            ],
+        ),
+        (
+            "basic_gui_mode.json",
+            [
+                "note",
+                "note",
+                "note",
+                "message",
+                "note",
+                "model_call",
+                "command",
+                "model_call",
+                "tool_call",
+                "file_change",
+                "model_call",
+                "tool_call",
+                "file_change",
+                "model_call",
+                "command",
+                "message",
+                "note",
+            ],
+        ),
     ],
 )
 def test_event_stream_files_map_each_event(name: str, kinds: list[str]) -> None:
@@ -134,13 +181,20 @@ def test_event_stream_files_map_each_event(name: str, kinds: list[str]) -> None:
     [record] = iter_records(path)
     assert [s.kind for s in record.steps] == kinds
     raw = raw_json(path)
-    assert record.source_format == "openhands-events" and record.task_key == Path(name).stem
+    first_user = next(
+        e["args"]["content"] for e in raw if e.get("action") == "message" and e["source"] == "user"
+    )
+    assert record.source_format == "openhands-events" and record.instruction == first_user
+    assert record.task_key == task_hash(first_user)  # the file names no task: same instruction, same task
+    assert record.source_ref == f"openhands:trajs/{name}"
     assert record.started_at == datetime.fromisoformat(raw[0]["timestamp"]).replace(tzinfo=UTC)
     assert record.finished_at == datetime.fromisoformat(raw[-1]["timestamp"]).replace(tzinfo=UTC)
     # every action, every observation but the "null" ones and those merged into their run command,
     # and one model call per distinct model response
     runs = {e["id"] for e in raw if e.get("action") == "run"}
-    observations = [e for e in raw if "observation" in e and e["observation"] != "null" and e.get("cause") not in runs]
+    observations = [
+        e for e in raw if "observation" in e and e["observation"] != "null" and e.get("cause") not in runs
+    ]
     actions = [e for e in raw if "action" in e]
     assert len(record.steps) == len(actions) + len(observations) + len(response_ids(raw))
 

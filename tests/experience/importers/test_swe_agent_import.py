@@ -53,9 +53,14 @@ def test_function_calling_run_keeps_execution_time_tool_calls_and_the_task_id() 
     assert [c.duration_ms for c in commands] == [e["execution_time"] * 1000 for e in raw["trajectory"]]
     assert commands[0].duration_ms == pytest.approx(281.4128, abs=1e-3)
     calls = [s for s in record.steps if s.kind == "model_call"]
-    assert calls[0].tool_calls[0]["function"] == {"name": "find_file", "arguments": '{"file_name":"missing_colon.py"}'}
+    assert calls[0].tool_calls[0]["function"] == {
+        "name": "find_file",
+        "arguments": '{"file_name":"missing_colon.py"}',
+    }
     assert calls[0].tool_calls[0]["id"] == "call_fJuazlMUN5fQDQ73G6XSpYpx"
-    assert calls[-1].tool_calls is None and calls[-1].request_messages is None  # "submit" is not in the history
+    assert (
+        calls[-1].tool_calls is None and calls[-1].request_messages is None
+    )  # "submit" is not in the history
     assert record.task_key == "SWE-agent__test-repo-i1" and record.model == "gpt-4o"
     assert record.cost == pytest.approx(0.01952)
     assert record.metadata["usage"] == {"tokens_in": 7141, "tokens_out": 243, "api_calls": 5}
@@ -83,8 +88,11 @@ def test_a_history_only_demonstration_is_read_from_its_chat() -> None:
 
 
 def test_a_step_that_saved_its_own_context_uses_it() -> None:
-    path = DEMOS / "replay__marshmallow-code__marshmallow-1867__function_calling_replace_from_source" / (
-        "marshmallow-code__marshmallow-1867.traj")
+    path = (
+        DEMOS
+        / "replay__marshmallow-code__marshmallow-1867__function_calling_replace_from_source"
+        / ("marshmallow-code__marshmallow-1867.traj")
+    )
     [record] = iter_records(path)
     raw = raw_json(path)["trajectory"]
     calls = [s for s in record.steps if s.kind == "model_call"]
@@ -101,7 +109,9 @@ def test_steps_match_the_raw_file(path: Path) -> None:
     commands = [s.command for s in record.steps if s.kind == "command"]
     if trajectory:
         assert commands == [e["action"] for e in trajectory]
-        assert [s.output for s in record.steps if s.kind == "command"] == [e["observation"] for e in trajectory]
+        assert [s.output for s in record.steps if s.kind == "command"] == [
+            e["observation"] for e in trajectory
+        ]
     stats = raw.get("info", {}).get("model_stats", {})
     assert record.cost == stats.get("instance_cost")
     assert record.source_ref == f"swe-agent:{path.parent.name}/{path.name}"

@@ -181,7 +181,21 @@ async def _malformed_stream(request: web.Request, body: dict[str, Any]) -> web.S
     return response
 
 
+async def _slow_stream(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    try:
+        for i in range(100):
+            await response.write(_sse(_chunk({"content": f"word{i} "})))
+            await asyncio.sleep(0.02)
+    except ConnectionError:
+        return response  # the proxy let go once its client had gone
+    await response.write_eof()
+    return response
+
+
 SCENARIOS = {
+    "scripted-slow-stream": _slow_stream,
     "scripted-500": _fail_500,
     "scripted-hang": _hang,
     "scripted-stream": _stream,
@@ -265,6 +279,17 @@ class Reply:
 
 def new_call_id() -> str:
     return f"test-{uuid.uuid4().hex}"
+
+
+def read_first_chunk_and_hang_up(url: str, *, body: dict[str, Any], call_id: str) -> bytes:
+    async def go() -> bytes:
+        async with aiohttp.ClientSession() as session:
+            response = await session.post(url, json=body, headers={CALL_ID_HEADER: call_id})
+            first = await response.content.readany()
+            response.close()  # drops the connection mid-stream
+            return first
+
+    return asyncio.run(go())
 
 
 def send(

@@ -12,6 +12,7 @@ from tests.webapp.proxy.harness import (
     ProxyHarness,
     UpstreamState,
     new_call_id,
+    read_first_chunk_and_hang_up,
     send,
     stream_events,
 )
@@ -177,6 +178,19 @@ def test_a_malformed_data_line_is_passed_through_and_recorded_as_an_error(harnes
     assert record.is_error and record.error_kind == "malformed_stream"
     assert "this is not json" in (record.error or "")
     assert record.response["choices"][0]["message"]["content"] == "before after"
+
+
+def test_a_client_hanging_up_mid_stream_is_recorded_with_what_it_had_received(harness: ProxyHarness):
+    call_id = new_call_id()
+    body = {"model": "scripted-slow-stream", "messages": MESSAGES, "stream": True}
+
+    first = read_first_chunk_and_hang_up(harness.url("tok-good"), body=body, call_id=call_id)
+
+    [record] = harness.records_for(call_id)
+    assert first.startswith(b"data: ")
+    assert record.is_error and record.error_kind == "client_disconnected"
+    content = record.response["choices"][0]["message"]["content"]
+    assert content.startswith("word0 ") and len(content.split()) < 100
 
 
 def test_the_model_override_replaces_the_requested_model(harness: ProxyHarness, upstream: UpstreamState):

@@ -39,7 +39,7 @@ def core(kube_cluster) -> k8s.CoreV1Api:
 
 
 @pytest.fixture
-def backend(kube_cluster, kube_kubelet, kube_namespace) -> KubernetesBackend:
+def kube_backend(kube_cluster, kube_kubelet, kube_namespace) -> KubernetesBackend:
     return KubernetesBackend(namespace=kube_namespace, api_client=kube_cluster.api_client(),
                              config=KubeSandboxConfig(default_image=IMAGE))
 
@@ -55,80 +55,83 @@ def wait_nothing_left(core: k8s.CoreV1Api, namespace: str, sandbox: str) -> None
     wait_for(lambda: objects_of(core, namespace, sandbox) == ([], []), what=f"{sandbox}'s pod and secret to go")
 
 
-def test_a_sandbox_runs_commands_and_files_through_its_agent_at_the_pod_ip(backend, core, kube_kubelet, kube_namespace):
-    handle = backend.create(SandboxSpec(name="sb-life", labels={LABEL_FLEET: "f1"}, cpu=0.5, memory_mb=256))
+def test_a_sandbox_runs_commands_and_files_through_its_agent_at_the_pod_ip(kube_backend, core, kube_kubelet, kube_namespace):
+    handle = kube_backend.create(SandboxSpec(name="sb-life", labels={LABEL_FLEET: "f1"}, cpu=0.5, memory_mb=256))
 
     assert handle.state == "ready"
     assert handle.endpoint.startswith("tcp:127.") and handle.endpoint.endswith(":7070")
     assert handle.endpoint == f"tcp:{handle.details['pod_ip']}:7070"
-    assert backend.exec(handle, "echo hi").stdout == "hi\n"
-    backend.write_file(handle, "notes/a.txt", b"written from the host\n")
-    assert backend.read_file(handle, "notes/a.txt") == b"written from the host\n"
-    assert backend.exec(handle, "cat notes/a.txt; pwd").stdout.startswith("written from the host\n")
+    assert kube_backend.exec(handle, "echo hi").stdout == "hi\n"
+    kube_backend.write_file(handle, "notes/a.txt", b"written from the host\n")
+    assert kube_backend.read_file(handle, "notes/a.txt") == b"written from the host\n"
+    assert kube_backend.exec(handle, "cat notes/a.txt; pwd").stdout.startswith("written from the host\n")
     if os.geteuid() == 0:  # only root can switch users, so only then does the kubelet honour runAsUser
-        assert backend.exec(handle, "id -u").stdout.strip() == "1000"
+        assert kube_backend.exec(handle, "id -u").stdout.strip() == "1000"
+    kube_backend.exec(handle, "sleep 300 >/dev/null 2>&1 &")  # outlives its shell
+    assert len(kube_kubelet.pod_processes(handle.details["uid"])) == 2  # the agent and the sleep
 
-    backend.destroy("sb-life")
+    kube_backend.destroy("sb-life")
 
     wait_nothing_left(core, kube_namespace, "sb-life")
+    wait_for(lambda: not kube_kubelet.pod_processes(handle.details["uid"]), what="the pod's processes to end")
     assert kube_kubelet.pod_dir(kube_namespace, "sb-life") is None
     with pytest.raises(SandboxNotFound):
-        backend.get("sb-life")
+        kube_backend.get("sb-life")
 
 
-def test_destroy_is_idempotent(backend, core, kube_namespace):
-    backend.create(SandboxSpec(name="sb-twice"))
+def test_destroy_is_idempotent(kube_backend, core, kube_namespace):
+    kube_backend.create(SandboxSpec(name="sb-twice"))
 
-    backend.destroy("sb-twice")
-    backend.destroy("sb-twice")
-    backend.destroy("sb-never-existed")
+    kube_backend.destroy("sb-twice")
+    kube_backend.destroy("sb-twice")
+    kube_backend.destroy("sb-never-existed")
 
     wait_nothing_left(core, kube_namespace, "sb-twice")
 
 
-def test_a_retried_create_adopts_the_sandbox_it_already_made(backend, core, kube_namespace):
-    first = backend.create(SandboxSpec(name="sb-retry"), wait=False)
-    second = backend.create(SandboxSpec(name="sb-retry"))
+def test_a_retried_create_adopts_the_sandbox_it_already_made(kube_backend, core, kube_namespace):
+    first = kube_backend.create(SandboxSpec(name="sb-retry"), wait=False)
+    second = kube_backend.create(SandboxSpec(name="sb-retry"))
 
     assert second.state == "ready"
     assert second.details["uid"] == first.details["uid"]
     assert second.secret == first.secret  # the pod mounts the first secret; the retry must hand out the same
     assert objects_of(core, kube_namespace, "sb-retry") == (["sb-retry"], ["sb-retry-agent"])
-    assert backend.exec(second, "echo again").stdout == "again\n"
+    assert kube_backend.exec(second, "echo again").stdout == "again\n"
 
 
-def test_a_create_that_timed_out_and_is_retried_makes_one_sandbox(backend, core, kube_kubelet, kube_namespace):
+def test_a_create_that_timed_out_and_is_retried_makes_one_sandbox(kube_backend, core, kube_kubelet, kube_namespace):
     with kube_kubelet.paused(), pytest.raises(SandboxStartFailed) as failed:
-        backend.create(SandboxSpec(name="sb-slow"), timeout=1.5)
+        kube_backend.create(SandboxSpec(name="sb-slow"), timeout=1.5)
 
     assert failed.value.permanent is False
     assert failed.value.reason == "timeout"
-    handle = backend.create(SandboxSpec(name="sb-slow"))
+    handle = kube_backend.create(SandboxSpec(name="sb-slow"))
 
     assert handle.state == "ready"
     assert objects_of(core, kube_namespace, "sb-slow") == (["sb-slow"], ["sb-slow-agent"])
-    assert backend.exec(handle, "echo once").stdout == "once\n"
+    assert kube_backend.exec(handle, "echo once").stdout == "once\n"
 
 
-def test_an_image_that_cannot_be_pulled_fails_permanently_and_leaves_nothing(backend, core, kube_namespace):
+def test_an_image_that_cannot_be_pulled_fails_permanently_and_leaves_nothing(kube_backend, core, kube_namespace):
     with pytest.raises(SandboxStartFailed) as failed:
-        backend.create(SandboxSpec(name="sb-badimg", image="trove.invalid/bad"), timeout=20)
+        kube_backend.create(SandboxSpec(name="sb-badimg", image="trove.invalid/bad"), timeout=20)
 
     assert failed.value.permanent is True
     assert failed.value.reason in ("ErrImagePull", "ImagePullBackOff")
     wait_nothing_left(core, kube_namespace, "sb-badimg")
 
 
-def test_an_unschedulable_sandbox_fails_transiently_and_leaves_nothing(backend, core, kube_namespace):
+def test_an_unschedulable_sandbox_fails_transiently_and_leaves_nothing(kube_backend, core, kube_namespace):
     with pytest.raises(SandboxStartFailed) as failed:
-        backend.create(SandboxSpec(name="sb-huge", cpu=4096), timeout=3)
+        kube_backend.create(SandboxSpec(name="sb-huge", cpu=4096), timeout=3)
 
     assert failed.value.permanent is False
     assert failed.value.reason == "Unschedulable"
     wait_nothing_left(core, kube_namespace, "sb-huge")
 
 
-def test_an_exceeded_quota_is_a_transient_quota_error_and_leaves_nothing(backend, core, kube_namespace):
+def test_an_exceeded_quota_is_a_transient_quota_error_and_leaves_nothing(kube_backend, core, kube_namespace):
     core.create_namespaced_resource_quota(kube_namespace, {"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}})
     # The quota controller (not running here) would fill in the status; admission needs it to decide.
     core.replace_namespaced_resource_quota_status("no-pods", kube_namespace, {
@@ -137,37 +140,37 @@ def test_an_exceeded_quota_is_a_transient_quota_error_and_leaves_nothing(backend
     })
 
     with pytest.raises(SandboxStartFailed) as failed:
-        backend.create(SandboxSpec(name="sb-quota"))
+        kube_backend.create(SandboxSpec(name="sb-quota"))
 
     assert failed.value.reason == "quota"
     assert failed.value.permanent is False
     assert objects_of(core, kube_namespace, "sb-quota") == ([], [])
 
 
-def test_list_finds_sandboxes_by_label_including_pods_the_backend_did_not_create(backend, core, kube_namespace):
-    backend.create(SandboxSpec(name="sb-mine", labels={LABEL_FLEET: "f-list"}))
-    backend.create(SandboxSpec(name="sb-other-fleet", labels={LABEL_FLEET: "f-else"}))
+def test_list_finds_sandboxes_by_label_including_pods_the_backend_did_not_create(kube_backend, core, kube_namespace):
+    kube_backend.create(SandboxSpec(name="sb-mine", labels={LABEL_FLEET: "f-list"}))
+    kube_backend.create(SandboxSpec(name="sb-other-fleet", labels={LABEL_FLEET: "f-else"}))
     core.create_namespaced_pod(kube_namespace, {
         "metadata": {"name": "stray", "labels": {LABEL_FLEET: "f-list"}},
         "spec": {"containers": [{"name": "c", "image": IMAGE}]},
     })
 
-    listed = {h.name: h for h in backend.list({LABEL_FLEET: "f-list"})}
+    listed = {h.name: h for h in kube_backend.list({LABEL_FLEET: "f-list"})}
 
     assert set(listed) == {"sb-mine", "stray"}
     assert listed["sb-mine"].state == "ready" and listed["sb-mine"].secret
     assert listed["stray"].secret == ""
-    assert [h.name for h in backend.list({LABEL_FLEET: "f-else"})] == ["sb-other-fleet"]
+    assert [h.name for h in kube_backend.list({LABEL_FLEET: "f-else"})] == ["sb-other-fleet"]
 
 
-def test_a_pod_deleted_behind_the_backends_back_is_gone_and_the_watch_says_so(backend, core, kube_namespace):
+def test_a_pod_deleted_behind_the_backends_back_is_gone_and_the_watch_says_so(kube_backend, core, kube_namespace):
     seen: list[SandboxObservation] = []
     stop = threading.Event()
-    watcher = threading.Thread(target=backend.watch_sandboxes, args=({LABEL_FLEET: "f-watch"}, seen.append, stop),
+    watcher = threading.Thread(target=kube_backend.watch_sandboxes, args=({LABEL_FLEET: "f-watch"}, seen.append, stop),
                                kwargs={"poll_seconds": 1}, daemon=True)
     watcher.start()
     try:
-        backend.create(SandboxSpec(name="sb-watched", labels={LABEL_FLEET: "f-watch"}))
+        kube_backend.create(SandboxSpec(name="sb-watched", labels={LABEL_FLEET: "f-watch"}))
         wait_for(lambda: any(o.handle.name == "sb-watched" and o.handle.state == "ready" for o in seen),
                  what="the watch to report the sandbox ready")
 
@@ -179,34 +182,34 @@ def test_a_pod_deleted_behind_the_backends_back_is_gone_and_the_watch_says_so(ba
         stop.set()
         watcher.join(timeout=10)
     with pytest.raises(SandboxNotFound):
-        backend.get("sb-watched")
+        kube_backend.get("sb-watched")
     states = [o.handle.state for o in seen if o.handle.name == "sb-watched"]
     assert states[-1] == "gone"
     assert "terminating" in states
     assert not watcher.is_alive()
 
 
-def test_a_sandbox_whose_agent_died_is_reported_failed(backend):
-    handle = backend.create(SandboxSpec(name="sb-dies"))
+def test_a_sandbox_whose_agent_died_is_reported_failed(kube_backend):
+    handle = kube_backend.create(SandboxSpec(name="sb-dies"))
 
     with pytest.raises(AgentUnavailable):
-        backend.exec(handle, "kill -9 $PPID; sleep 5", timeout=10)  # $PPID is the agent
+        kube_backend.exec(handle, "kill -9 $PPID; sleep 5", timeout=10)  # $PPID is the agent
 
-    failed = wait_for(lambda: (h := backend.get("sb-dies")).state == "failed" and h, what="the pod to fail")
+    failed = wait_for(lambda: (h := kube_backend.get("sb-dies")).state == "failed" and h, what="the pod to fail")
     assert failed.reason.startswith("Error")
     assert failed.details["permanent"] is True
 
 
-def test_the_agent_refuses_a_wrong_secret(backend):
-    handle = backend.create(SandboxSpec(name="sb-secret"))
+def test_the_agent_refuses_a_wrong_secret(kube_backend):
+    handle = kube_backend.create(SandboxSpec(name="sb-secret"))
     forged = SandboxHandle(name=handle.name, state=handle.state, endpoint=handle.endpoint, secret="guess")
 
     with pytest.raises(AgentAuthError):
-        backend.exec(forged, "echo should-not-run")
+        kube_backend.exec(forged, "echo should-not-run")
 
 
-def test_the_pod_spec_holds_the_security_settings(backend, core, kube_namespace):
-    backend.create(SandboxSpec(name="sb-secure", labels={LABEL_FLEET: "f-sec", "team": "rl"}, cpu=0.25,
+def test_the_pod_spec_holds_the_security_settings(kube_backend, core, kube_namespace):
+    kube_backend.create(SandboxSpec(name="sb-secure", labels={LABEL_FLEET: "f-sec", "team": "rl"}, cpu=0.25,
                                memory_mb=300, disk_mb=2048, env={"TASK": "t-17"}), wait=False)
 
     pod = core.read_namespaced_pod("sb-secure", kube_namespace)
@@ -235,11 +238,11 @@ def test_the_pod_spec_holds_the_security_settings(backend, core, kube_namespace)
     assert [(o.kind, o.uid) for o in secret.metadata.owner_references] == [("ConfigMap", fleet.metadata.uid)]
 
 
-def test_the_fleet_network_policy_allows_egress_only_to_the_proxy(backend, kube_cluster, kube_namespace):
+def test_the_fleet_network_policy_allows_egress_only_to_the_proxy(kube_backend, kube_cluster, kube_namespace):
     net = k8s.NetworkingV1Api(kube_cluster.api_client())
 
-    backend.ensure_fleet_policy("f-net", proxy_cidr="10.96.0.50/32", proxy_port=8001)
-    backend.ensure_fleet_policy("f-net", proxy_cidr="10.96.0.51/32", proxy_port=8001)  # updated in place
+    kube_backend.ensure_fleet_policy("f-net", proxy_cidr="10.96.0.50/32", proxy_port=8001)
+    kube_backend.ensure_fleet_policy("f-net", proxy_cidr="10.96.0.51/32", proxy_port=8001)  # updated in place
 
     policies = net.list_namespaced_network_policy(kube_namespace, label_selector=f"{LABEL_FLEET}=f-net").items
     assert len(policies) == 1
@@ -251,18 +254,18 @@ def test_the_fleet_network_policy_allows_egress_only_to_the_proxy(backend, kube_
     assert [(p.protocol, p.port) for p in policy.egress[0].ports] == [("TCP", 8001)]
     assert [(p.protocol, p.port) for p in policy.ingress[0].ports] == [("TCP", 7070)]
 
-    backend.ensure_fleet_policy("f-net", network="none")
+    kube_backend.ensure_fleet_policy("f-net", network="none")
 
     closed = net.read_namespaced_network_policy(policies[0].metadata.name, kube_namespace).spec
     assert not closed.egress  # nothing allowed out
     assert "Egress" in closed.policy_types
 
 
-def test_deleting_the_fleet_removes_its_owner_object(backend, core, kube_namespace):
-    backend.create(SandboxSpec(name="sb-owned", labels={LABEL_FLEET: "f-gone"}), wait=False)
+def test_deleting_the_fleet_removes_its_owner_object(kube_backend, core, kube_namespace):
+    kube_backend.create(SandboxSpec(name="sb-owned", labels={LABEL_FLEET: "f-gone"}), wait=False)
 
-    backend.delete_fleet("f-gone")
-    backend.delete_fleet("f-gone")
+    kube_backend.delete_fleet("f-gone")
+    kube_backend.delete_fleet("f-gone")
 
     names = [c.metadata.name for c in core.list_namespaced_config_map(kube_namespace).items]
     assert fleet_object_name("f-gone") not in names
@@ -270,10 +273,10 @@ def test_deleting_the_fleet_removes_its_owner_object(backend, core, kube_namespa
     # controller-manager: not running here, so only the references are checked (see the spec test).
 
 
-def test_api_calls_are_counted(backend):
-    backend.create(SandboxSpec(name="sb-count"))
-    backend.destroy("sb-count")
+def test_api_calls_are_counted(kube_backend):
+    kube_backend.create(SandboxSpec(name="sb-count"))
+    kube_backend.destroy("sb-count")
 
-    assert backend.api_calls == sum(backend.api_calls_by_method.values())
-    assert backend.api_calls_by_method["create_namespaced_pod"] == 1
-    assert backend.api_calls_by_method["delete_namespaced_pod"] == 1
+    assert kube_backend.api_calls == sum(kube_backend.api_calls_by_method.values())
+    assert kube_backend.api_calls_by_method["create_namespaced_pod"] == 1
+    assert kube_backend.api_calls_by_method["delete_namespaced_pod"] == 1

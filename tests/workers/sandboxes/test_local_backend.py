@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -38,7 +39,7 @@ def assert_nothing_left(backend: LocalBackend, name: str) -> None:
     sandbox_dir = os.path.join(backend.root, name)
     assert not os.path.exists(sandbox_dir)
     assert procs.processes_mentioning(sandbox_dir) == []
-    assert [d for d in backend.cgroups.dirs_for(name) if os.path.exists(d)] == []
+    assert [d for d in backend.cgroup_dirs(name) if os.path.exists(d)] == []
     with open("/proc/mounts") as f:
         assert sandbox_dir not in f.read()
 
@@ -150,6 +151,33 @@ def test_create_is_idempotent_for_the_same_name(backend, make_sandbox):
     assert [h.name for h in backend.list({"trove.dev/fleet": "7"})] == [name]
 
 
+def test_racing_creates_of_one_name_make_one_sandbox(backend, make_sandbox):
+    name = unique_name()
+    handles = []
+    threads = [threading.Thread(target=lambda: handles.append(backend.create(SandboxSpec(name=name))))
+               for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    make_sandbox(name=name)  # registers it for cleanup; returns the same sandbox again
+
+    assert len(handles) == 4
+    assert len({(h.secret, h.details["pid"]) for h in handles}) == 1
+    assert all(h.state == "ready" for h in handles)
+
+
+def test_create_without_wait_returns_at_once_and_a_later_create_waits_for_ready(backend, make_sandbox):
+    name = unique_name()
+    started = backend.create(SandboxSpec(name=name), wait=False)
+
+    ready = make_sandbox(name=name)
+
+    assert started.state == "provisioning" and ready.state == "ready"
+    assert ready.secret == started.secret
+    assert backend.exec(ready, "echo up").stdout == "up\n"
+
+
 def test_list_filters_by_labels_and_get_reports_ready(backend, make_sandbox):
     fleet = unique_name("fleet")
     mine = make_sandbox(labels={"trove.dev/fleet": fleet, "role": "a"})
@@ -178,6 +206,23 @@ def test_destroy_leaves_no_process_dir_mount_or_cgroup_and_is_idempotent(backend
         backend.get(name)
     with pytest.raises(AgentUnavailable):
         backend.exec(handle, "echo hi")
+
+
+def test_without_cgroups_sandboxes_still_run_and_destroy_cleanly():
+    root = tempfile.mkdtemp(prefix="trove-nocg-")
+    os.chmod(root, 0o711)
+    backend = LocalBackend(root, use_cgroups=False)
+    name = unique_name()
+    try:
+        handle = backend.create(SandboxSpec(name=name, memory_mb=64))
+        backend.exec(handle, "sleep 300 > /dev/null 2>&1 &")
+
+        assert not backend.limits_enforced and handle.details["cgroups"] == []
+        assert backend.exec(handle, "echo fine").stdout == "fine\n"
+    finally:
+        backend.destroy(name)
+        assert_nothing_left(backend, name)
+        shutil.rmtree(root)
 
 
 def test_a_sandbox_outlives_the_process_that_created_it(backend):
@@ -221,7 +266,9 @@ def test_killing_the_supervisor_takes_the_sandbox_down_and_list_reports_it_faile
 # ---------------------------------------------------------------- isolation
 
 
-def test_the_sandbox_has_no_network(backend, sandbox):
+@pytest.mark.parametrize("network", ["none", "proxy-only"])  # proxy-only without a proxy socket: no network
+def test_the_sandbox_has_no_network(backend, make_sandbox, network):
+    sandbox = make_sandbox(network=network)
     probe = textwrap.dedent("""
         import socket
         try:
@@ -249,6 +296,14 @@ def test_the_sandbox_runs_as_a_non_root_user_and_cannot_write_system_paths(backe
     result = backend.exec(sandbox, "id -u; for p in /usr/x /etc/x /x /opt/trove/x; do touch $p 2>/dev/null && echo wrote $p; done; true")
 
     assert result.stdout == "1000\n"
+
+
+def test_the_sandbox_sees_only_its_own_processes(backend, sandbox):
+    result = backend.exec(sandbox, "ls /proc | grep -c '^[0-9]'; cat /proc/1/cmdline | tr '\\0' ' '")
+
+    count, init = result.stdout.splitlines()
+    assert int(count) <= 6  # bwrap's init, the agent, this bash and its pipeline
+    assert init.startswith("/usr/bin/bwrap")
 
 
 def test_the_sandbox_environment_does_not_inherit_the_host_environment(backend, make_sandbox, monkeypatch):
@@ -300,6 +355,14 @@ def test_a_fork_bomb_is_stopped_by_the_pids_limit(backend, make_sandbox):
     forked = int(result.stdout)
     assert 0 < forked < 64
     assert backend.exec(handle, "echo still here").stdout == "still here\n"
+
+
+def test_disk_mb_limits_the_sandbox_tmp(backend, make_sandbox):
+    handle = make_sandbox(disk_mb=1)
+
+    result = backend.exec(handle, "head -c 2000000 /dev/zero > /tmp/big; echo $?")
+
+    assert result.stdout.strip() != "0" and "No space left" in result.stderr
 
 
 def test_cgroup_limits_are_written_for_the_spec(backend, make_sandbox):
@@ -407,8 +470,6 @@ def test_a_root_too_deep_for_a_socket_path_still_works():
     finally:
         backend.destroy(name)
         assert_nothing_left(backend, name)
-        import shutil
-
         shutil.rmtree(deep)
 
 

@@ -1,0 +1,73 @@
+"""Shared helpers for the jobs tests: a fleet, a task set, jobs, and a deterministic stand-in for outcomes.
+
+Outcomes are decided by the test (a function of task key and sample index) and applied through the real
+services (rollout_start, rollout_finish), so the state machine, the locks and the planner all run for real.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+
+from webapp.fleets import services as fleet_services
+from webapp.fleets.models import Fleet
+from webapp.rollouts.models import Rollout, RolloutJob, TaskSet
+from webapp.rollouts.services import job_create, rollout_finish, rollout_start, taskset_upsert
+
+R = Rollout.Status
+Outcome = Callable[[str, int], str]
+
+
+class Enqueued:
+    """An `enqueue` callable that remembers the rollout ids it was given (the real one sends a Celery task)."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, rollout_id: int) -> None:
+        with self._lock:
+            self.ids.append(rollout_id)
+
+
+def make_fleet(name: str | None = None) -> Fleet:
+    template = fleet_services.template_create(name=f"tpl-{uuid.uuid4().hex[:6]}")
+    return fleet_services.fleet_create(name=name or f"fleet-{uuid.uuid4().hex[:6]}", template=template)
+
+
+def make_task_set(keys: list[str], name: str | None = None) -> TaskSet:
+    tasks = [{"key": key, "instruction": f"solve {key}", "eval_command": "true"} for key in keys]
+    return taskset_upsert(name=name or f"set-{uuid.uuid4().hex[:6]}", description="", source="api", tasks=tasks)
+
+
+def make_job(keys: list[str], *, enqueue: Enqueued | None = None, **options) -> RolloutJob:
+    options.setdefault("model_base_url", "http://127.0.0.1:9/v1")
+    options.setdefault("model_name", "stand-in")
+    return job_create(task_set=make_task_set(keys), fleet=make_fleet(), enqueue=enqueue or Enqueued(), **options)
+
+
+def finish(rollout_id: int, status: str, *, enqueue: Enqueued | None = None, worker: str = "test-worker") -> bool:
+    """Run one rollout through the real state machine: claim it, then end it with `status`."""
+    assert rollout_start(rollout_id=rollout_id, worker=worker) is not None
+    return rollout_finish(rollout_id=rollout_id, worker=worker, status=status, enqueue=enqueue or Enqueued(),
+                          reward=1.0 if status == R.SUCCEEDED else 0.0)
+
+
+def drive(job: RolloutJob, outcome: Outcome, *, enqueue: Enqueued | None = None, limit: int = 10_000) -> list[int]:
+    """Finish the job's queued rollouts one at a time, oldest first, until none is left. Returns the order."""
+    order = []
+    while len(order) < limit:
+        rollout = job.rollouts.filter(status=R.QUEUED).select_related("task").order_by("id").first()
+        if rollout is None:
+            return order
+        finish(rollout.pk, outcome(rollout.task.key, rollout.sample_index), enqueue=enqueue)
+        order.append(rollout.pk)
+    raise AssertionError("the job kept planning rollouts past the limit")
+
+
+def samples_per_task(job: RolloutJob) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for key in job.rollouts.values_list("task__key", flat=True):
+        counts[key] = counts.get(key, 0) + 1
+    return counts

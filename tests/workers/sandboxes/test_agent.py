@@ -1,0 +1,141 @@
+"""The in-sandbox agent on its own, in its TCP mode (how the Kubernetes backend runs it at a pod IP)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from workers.sandboxes import agent
+from workers.sandboxes.agent_client import AgentClient
+from workers.sandboxes.base import AgentAuthError
+
+AGENT = Path(agent.__file__)
+SECRET = "tcp-test-secret"
+
+
+@pytest.fixture
+def tcp_agent(tmp_path):
+    """An agent on 127.0.0.1:<free port>, secret from TROVE_AGENT_SECRET; yields (client, workspace)."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    env = {"PATH": os.environ["PATH"], "TROVE_AGENT_SECRET": SECRET}
+    process = subprocess.Popen(
+        ["/usr/bin/python3", "-I", "-S", str(AGENT), "--listen", "tcp:127.0.0.1:0", "--workspace", str(workspace)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+    )
+    ready = process.stdout.readline()
+    assert ready.startswith("trove-agent ready tcp:127.0.0.1:"), process.stderr.read()
+    endpoint = ready.split()[-1]
+    yield AgentClient(endpoint, SECRET), workspace
+    process.kill()
+    process.wait()
+
+
+def raw_request(endpoint: str, payload: bytes) -> dict:
+    host, port = endpoint.removeprefix("tcp:").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(payload)
+        return json.loads(sock.makefile("rb").readline())
+
+
+def test_tcp_agent_executes_and_hides_its_secret_from_commands(tcp_agent):
+    client, workspace = tcp_agent
+
+    result = client.exec('pwd; echo "${TROVE_AGENT_SECRET:-hidden}"')
+
+    assert result.stdout == f"{workspace}\nhidden\n"
+    assert client.ping() > 0
+
+
+def test_tcp_agent_refuses_a_wrong_secret(tcp_agent):
+    client, _ = tcp_agent
+
+    with pytest.raises(AgentAuthError):
+        AgentClient(client.endpoint, "wrong").exec("echo hi")
+    reply = raw_request(client.endpoint, b'{"op": "ping"}\n')
+
+    assert reply == {"ok": False, "error": "auth", "message": "wrong or missing secret"}
+
+
+@pytest.mark.parametrize(
+    ("payload", "code"),
+    [
+        (b"{not json\n", "bad_request"),
+        (b"[1, 2]\n", "bad_request"),
+        (b'{"op": "dance", "secret": "tcp-test-secret"}\n', "bad_request"),
+        (b'{"op": "exec", "secret": "tcp-test-secret", "cmd": 5}\n', "bad_request"),
+        (b'{"op": "exec", "secret": "tcp-test-secret", "cmd": "true", "timeout": -1}\n', "bad_request"),
+        (b'{"op": "read_file", "secret": "tcp-test-secret", "path": "../x"}\n', "path"),
+        (b'{"op": "read_file", "secret": "tcp-test-secret", "path": "missing.txt"}\n', "path"),
+    ],
+)
+def test_bad_requests_get_a_coded_error(tcp_agent, payload, code):
+    client, _ = tcp_agent
+
+    reply = raw_request(client.endpoint, payload)
+
+    assert reply["ok"] is False and reply["error"] == code and reply["message"]
+
+
+def test_a_slow_command_does_not_block_other_connections(tcp_agent):
+    client, _ = tcp_agent
+    slow_done = threading.Event()
+
+    def slow() -> None:
+        client.exec("sleep 3", timeout=30)
+        slow_done.set()
+
+    threading.Thread(target=slow, daemon=True).start()
+    answers = [client.exec(f"echo {i}").stdout for i in range(20)]
+
+    assert not slow_done.is_set()
+    assert answers == [f"{i}\n" for i in range(20)]
+    assert slow_done.wait(30)
+
+
+def test_many_concurrent_execs_all_answer(tcp_agent):
+    client, _ = tcp_agent
+    results: dict[int, str] = {}
+
+    def run(i: int) -> None:
+        results[i] = client.exec(f"sleep 0.2; echo {i}").stdout
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(40)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+
+    assert results == {i: f"{i}\n" for i in range(40)}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [{"a": [1, -2.5, None, True, False, "é\n\"\\"], "b": {}}, [], "plain", 12345678901234567890, {"u": "\u2028"}],
+)
+def test_the_lean_json_codec_agrees_with_the_json_module(value):
+    text = json.dumps(value)
+
+    assert agent.json_loads(text) == value
+    assert json.loads(agent.json_dumps(value)) == value
+
+
+@pytest.mark.parametrize("text", ["{bad", "", '{"a": 1', "[1] [2]", "NaN", '"\x01"'])
+def test_the_lean_json_codec_rejects_what_json_rejects(text):
+    with pytest.raises(ValueError):
+        agent.json_loads(text)
+
+
+def test_output_capture_keeps_the_head_and_counts_the_rest():
+    capture = agent.Capture(5)
+
+    for chunk in (b"abc", b"defg", b"hij"):
+        capture.add(chunk)
+
+    assert (bytes(capture.data), capture.dropped) == (b"abcde", 5)

@@ -1,0 +1,132 @@
+"""Trove's REST API from a training loop. Standard library only: importable without Django or requests.
+
+Example::
+
+    from trove_client import TroveClient
+
+    trove = TroveClient("http://127.0.0.1:8000", token="<your API token>")
+    job = trove.submit_job(
+        task_set="demo-python-bugfix", fleet="local-demo",
+        model_base_url="http://127.0.0.1:8002/v1", model_name="my-policy",
+        api_key_ref="env:MY_POLICY_KEY",          # a reference to the key, never the key itself
+        samples_per_task=8, sampling="adaptive", adaptive_first_round=2,
+        max_steps=30, concurrency=8,
+    )
+    for rollout in trove.iter_finished_rollouts(job["id"], poll_interval=5):
+        if rollout["status"] in ("succeeded", "failed"):   # infra_error / cancelled are not training data
+            train_on(rollout["trajectory_id"], reward=rollout["reward"])
+        save_checkpoint(cursor=rollout["cursor"])           # resume later with after=cursor
+    print(trove.job_status(job["id"])["budget"]["per_task"])
+
+A token comes from `manage.py drf_create_token <username>` (or the admin's Tokens page).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+class TroveAPIError(Exception):
+    """The API answered with an error. `status` is the HTTP status; `field` names the bad input, if any."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        self.status, self.body = status, body
+        detail = body.get("detail", body) if isinstance(body, dict) else body
+        self.field = body.get("field") if isinstance(body, dict) else None
+        super().__init__(f"HTTP {status}: {detail}")
+
+
+class TroveClient:
+    """One Trove server, one API token. Methods return the API's JSON as dicts."""
+
+    def __init__(self, base_url: str, token: str, *, timeout: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+
+    # --- jobs --------------------------------------------------------------------------------------
+
+    def submit_job(self, *, task_set: str, fleet: str, model_base_url: str, model_name: str,
+                   samples_per_task: int = 1, sampling: str = "uniform", **options: Any) -> dict:
+        """Start a rollout job. Options: name, task_keys, harness, harness_command, api_key_ref, max_steps,
+        max_tokens, wall_time_s, concurrency, adaptive_first_round. Returns the job with its status."""
+        body = {"task_set": task_set, "fleet": fleet, "model_base_url": model_base_url, "model_name": model_name,
+                "samples_per_task": samples_per_task, "sampling": sampling, **options}
+        return self._request("POST", "/api/v1/jobs/", body)
+
+    def job_status(self, job_id: int) -> dict:
+        """The job: status, progress (finished / total, success rate) and budget (spent per task)."""
+        return self._request("GET", f"/api/v1/jobs/{job_id}/")
+
+    def list_jobs(self) -> list[dict]:
+        """The most recent jobs (first page)."""
+        return self._request("GET", "/api/v1/jobs/")["results"]
+
+    def finished_rollouts(self, job_id: int, *, after: str | int = 0, limit: int = 100) -> dict:
+        """One page of rollouts that finished after the cursor `after`: results, next_cursor, has_more, done."""
+        query = urllib.parse.urlencode({"after": after, "limit": limit})
+        return self._request("GET", f"/api/v1/jobs/{job_id}/rollouts/?{query}")
+
+    def iter_finished_rollouts(self, job_id: int, *, after: str | int = 0, poll_interval: float = 5.0,
+                               limit: int = 100) -> Iterator[dict]:
+        """Every rollout of the job as it finishes, in finish order, until the job has ended.
+
+        Follows the cursor: each rollout carries its own `cursor`, so a trainer that stops can resume with
+        `after=` the last one it handled. Sleeps `poll_interval` seconds between empty polls.
+        """
+        cursor = after
+        while True:
+            page = self.finished_rollouts(job_id, after=cursor, limit=limit)
+            yield from page["results"]
+            cursor = page["next_cursor"]
+            if page["done"]:
+                return
+            if not page["has_more"]:
+                time.sleep(poll_interval)
+
+    def cancel_job(self, job_id: int) -> dict:
+        """Cancel the job: queued rollouts never start, running ones stop at their next heartbeat."""
+        return self._request("POST", f"/api/v1/jobs/{job_id}/cancel/", {})
+
+    def rerun_failed(self, job_id: int, *, statuses: list[str] | None = None) -> dict:
+        """Re-run a finished job's failed and infra_error samples (or only `statuses`) in the same job."""
+        return self._request("POST", f"/api/v1/jobs/{job_id}/rerun-failed/", {"statuses": statuses} if statuses else {})
+
+    def cancel_rollout(self, rollout_id: int) -> dict:
+        return self._request("POST", f"/api/v1/rollouts/{rollout_id}/cancel/", {})
+
+    # --- task sets ---------------------------------------------------------------------------------
+
+    def upload_task_set(self, name: str, jsonl: str | Path, *, description: str = "") -> dict:
+        """Import a JSONL task set (a path or the text itself). Nothing is written if any line is bad."""
+        text = Path(jsonl).read_text() if isinstance(jsonl, Path) else jsonl
+        return self._request("POST", "/api/v1/task-sets/", {"name": name, "jsonl": text, "description": description})
+
+    def list_task_sets(self) -> list[dict]:
+        return self._request("GET", "/api/v1/task-sets/")["results"]
+
+    # --- plumbing ----------------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, body: dict | None = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.base_url + path, data=data, method=method, headers={
+            "Authorization": f"Token {self.token}", "Accept": "application/json",
+            **({"Content-Type": "application/json"} if data is not None else {}),
+        })
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as error:
+            raw = error.read()
+            try:
+                parsed: Any = json.loads(raw)
+            except ValueError:
+                parsed = raw.decode("utf-8", "replace")
+            raise TroveAPIError(error.code, parsed) from None
