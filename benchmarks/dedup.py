@@ -4,7 +4,8 @@ Phases (each can be shrunk or skipped by flag):
 
 - calibrate: the real SWE-agent fixtures (/work/shared/fixtures/trajectories): per embedder, the lowest
   cosine within the 8 marshmallow-1867 runs (one task, eight agent configurations) and within the three
-  runs of the missing-colon issue (same work under three task keys), the highest cosine between runs of
+  runs of the missing-colon issue (same work under three task keys), the single-linkage height of each
+  group (the highest threshold at which union-find still joins all of it), the highest cosine between runs of
   different problems, and the highest cosine between a run and another problem's actions under the first
   run's task head (a stand-in for "same task, different approach"). README.md's thresholds come from here.
 - synthetic runs: `--n` TrajectoryRecords from templates (5,000 tasks x 20 runs at the default 100,000).
@@ -271,16 +272,31 @@ def calibrate() -> dict[str, Any]:
         within = lambda w: min(similarity[i, j] for i, j in pairs if work(records[i]) == work(records[j]) == w)  # noqa: E731
         first = embedder.embed([signature_text(a) for a, _ in swapped])
         second = embedder.embed([signature_text(b) for _, b in swapped])
+        members = lambda w: [i for i, r in enumerate(records) if work(r) == w]  # noqa: E731
         figures[name] = {
             "threshold": embedder.threshold,
             "marshmallow_within_min": round(float(within("marshmallow-code__marshmallow-1867")), 3),
+            "marshmallow_linkage": round(linkage_height(similarity, members("marshmallow-code__marshmallow-1867")), 3),
             "missing_colon_within_min": round(float(within("missing-colon")), 3),
+            "missing_colon_linkage": round(linkage_height(similarity, members("missing-colon")), 3),
             "cross_problem_max": round(float(max(similarity[i, j] for i, j in pairs
                                                  if work(records[i]) != work(records[j]))), 3),
             "same_head_other_actions_max": round(float((first * second).sum(axis=1).max()), 3),
         }
         log(f"calibrate {name}: {figures[name]}")
     return figures
+
+
+def linkage_height(similarity: np.ndarray, members: list[int]) -> float:
+    """The highest threshold at which single linkage still joins all members: the weakest edge of the
+    maximum spanning tree (Prim's algorithm)."""
+    joined, best, height = {members[0]}, similarity[members[0]].copy(), 1.0
+    while len(joined) < len(members):
+        weight, nearest = max((best[m], m) for m in members if m not in joined)
+        height = min(height, float(weight))
+        joined.add(nearest)
+        best = np.maximum(best, similarity[nearest])
+    return height
 
 
 def synthetic_phase(args: argparse.Namespace) -> dict[str, Any]:

@@ -53,7 +53,7 @@ class LexicalEmbedder:
 
     name = "lexical"
     version = "1"
-    threshold = 0.80
+    threshold = 0.88
 
     def __init__(self, dim: int = 384, ngram_sizes: Sequence[int] = (3, 4, 5), batch_size: int = 512):
         self.dim = dim
@@ -124,7 +124,7 @@ class MiniLMEmbedder:
     name = "minilm"
     version = "all-MiniLM-L6-v2"
     dim = 384
-    threshold = 0.92
+    threshold = 0.95
 
     def __init__(self, batch_size: int = 64, device: str = "cpu"):
         self.batch_size = batch_size

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 from experience.records import TrajectoryRecord
@@ -43,7 +43,8 @@ class SourceRun:
 
 def record_content_hash(record: TrajectoryRecord) -> str:
     """sha256 of the record's canonical JSON (sorted keys; datetimes as ISO strings)."""
-    text = json.dumps(asdict(record), sort_keys=True, separators=(",", ":"), default=_json_default)
+    # `default` walks the dataclasses in place; asdict() would deep-copy every step first.
+    text = json.dumps(record, sort_keys=True, separators=(",", ":"), default=_json_default)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -64,7 +65,9 @@ def run_return(record: TrajectoryRecord) -> float | None:
     return None if success is None else float(success)
 
 
-def _json_default(value: Any) -> str:
+def _json_default(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in fields(value)}
     if hasattr(value, "isoformat"):
         return str(value.isoformat())
     return str(value)

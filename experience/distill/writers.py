@@ -12,7 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -25,7 +25,7 @@ from experience.distill.errors import RowShapeError
 
 Row = Mapping[str, Any]
 DEFAULT_ROW_GROUP_ROWS = 10_000
-DEFAULT_MAX_BATCH_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
 _CHUNK_CHARS = 256 * 1024
 
 
@@ -104,11 +104,16 @@ class ParquetRowWriter:
         self._batch_bytes = 0
         self._writer: pq.ParquetWriter | None = None
         self._result: WriteResult | None = None
+        self._convert = _row_converter(schema) if schema is not None else None
 
     def write(self, row: Row) -> None:
-        fitted = conform_row(row, self._schema) if self._schema is not None else dict(row)
-        self._batch.append(fitted)
-        self._batch_bytes += approximate_size(fitted)
+        if self._convert is not None:
+            size = [0]
+            self._batch.append(self._convert(row, size))
+            self._batch_bytes += size[0]
+        else:
+            self._batch.append(dict(row))
+            self._batch_bytes += approximate_size(row)
         self.rows += 1
         if len(self._batch) >= self._row_group_rows or self._batch_bytes >= self._max_batch_bytes:
             self._flush()
@@ -169,31 +174,69 @@ def write_parquet(
     return writer.close()
 
 
+Converter = Callable[[Any, list[int]], Any]
+
+
 def conform_row(row: Row, schema: pa.Schema) -> dict[str, Any]:
-    unknown = set(row) - set(schema.names)
-    if unknown:
-        raise RowShapeError(f"row has fields the schema does not declare: {', '.join(sorted(unknown))}")
-    return {field.name: _conform(row.get(field.name), field.type, field.name) for field in schema}
+    """A row fitted to the schema (see `ParquetRowWriter`)."""
+    return _row_converter(schema)(row, [0])
 
 
-def _conform(value: Any, type_: pa.DataType, where: str) -> Any:
-    if value is None:
-        return None
+def _row_converter(schema: pa.Schema) -> Converter:
+    return _compile(pa.struct(list(schema)), "row")
+
+
+def _compile(type_: pa.DataType, where: str) -> Converter:
+    """A converter for one Arrow type, built once per writer: rows are many, types are few. Each converter
+    also adds the text size it saw to `size[0]`, so batching costs no second pass over the row."""
     if pa.types.is_struct(type_):
+        return _struct_converter(type_, where)
+    if pa.types.is_list(type_):
+        item = _compile(type_.value_type, where)
+
+        def convert_list(value: Any, size: list[int]) -> Any:
+            if value is None:
+                return None
+            size[0] += 8
+            return [item(element, size) for element in value]
+
+        return convert_list
+    if pa.types.is_string(type_):
+        return _convert_string
+    return _convert_scalar
+
+
+def _struct_converter(type_: pa.StructType, where: str) -> Converter:
+    fields = [
+        (type_.field(i).name, _compile(type_.field(i).type, f"{where}.{type_.field(i).name}"))
+        for i in range(type_.num_fields)
+    ]
+    known = {name for name, _ in fields}
+
+    def convert_struct(value: Any, size: list[int]) -> Any:
+        if value is None:
+            return None
         if not isinstance(value, Mapping):
             raise RowShapeError(f"{where}: expected an object, got {type(value).__name__}")
-        names = {type_.field(i).name for i in range(type_.num_fields)}
-        unknown = set(value) - names
-        if unknown:
-            raise RowShapeError(f"{where}: fields the schema does not declare: {', '.join(sorted(unknown))}")
-        return {
-            type_.field(i).name: _conform(value.get(type_.field(i).name), type_.field(i).type, where)
-            for i in range(type_.num_fields)
-        }
-    if pa.types.is_list(type_):
-        return [_conform(item, type_.value_type, where) for item in value]
-    if pa.types.is_string(type_) and not isinstance(value, str):
-        return json.dumps(value, sort_keys=True, ensure_ascii=False)
+        if not known.issuperset(value):
+            unknown = ", ".join(sorted(set(value) - known))
+            raise RowShapeError(f"{where}: fields the schema does not declare: {unknown}")
+        size[0] += 8
+        return {name: convert(value.get(name), size) for name, convert in fields}
+
+    return convert_struct
+
+
+def _convert_string(value: Any, size: list[int]) -> Any:
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
+    size[0] += len(text)
+    return text
+
+
+def _convert_scalar(value: Any, size: list[int]) -> Any:
+    size[0] += 8
     return value
 
 

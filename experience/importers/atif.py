@@ -108,6 +108,14 @@ def _record(document: Any, loc: Location) -> TrajectoryRecord:
 def _metadata(document: dict, agent: dict, run: dict, metrics: dict) -> dict[str, Any]:
     metadata = dict(as_dict(run.get("metadata")))
     metadata["atif"] = {"session_id": document.get("session_id"), "agent": agent, "final_metrics": metrics}
+    metadata.setdefault(
+        "usage",
+        {
+            "tokens_in": count_or_none(metrics.get("total_prompt_tokens")),
+            "tokens_out": count_or_none(metrics.get("total_completion_tokens")),
+            "api_calls": None,
+        },
+    )
     if document.get("notes"):
         metadata["atif"]["notes"] = document["notes"]
     if agent.get("version") and "agent_version" not in metadata:

@@ -11,6 +11,7 @@ from experience.models import Step, Trajectory
 from webapp.fleets.models import Sandbox
 from webapp.rollouts.models import Rollout, RolloutJob
 from webapp.rollouts.services import job_create
+from workers.sandboxes.local import LocalBackend
 from workers.tasks.rollouts import enqueue_rollout
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -65,4 +66,5 @@ def test_a_small_job_completes_with_recorded_trajectories_and_leaves_no_sandbox(
 
     # and no sandbox is left behind
     assert not Sandbox.objects.exclude(state=Sandbox.State.TERMINATED).exists()
-    assert list(sandbox_root.iterdir()) == []
+    assert LocalBackend(root=sandbox_root).list({}) == []
+    assert [p.name for p in sandbox_root.iterdir() if not p.name.startswith(".")] == []

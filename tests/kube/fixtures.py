@@ -5,8 +5,9 @@ Register with `pytest_plugins = ["tests.kube.fixtures"]` in tests/conftest.py. F
   `.url`, `.user(name)`. Its token file also holds `BACKEND_USER`, the user name of the ServiceAccount
   that deploy/sandbox-rbac.yaml binds, so a test can act with exactly that Role's rights.
 - `kube_kubelet` (session): a running `TestKubelet` serving every namespace.
-- `kube_namespace` (function): a fresh namespace name; its pods are deleted afterwards. (Namespaces
-  themselves cannot go away here: that needs the namespace controller, which does not run.)
+- `kube_namespace` (function): a fresh namespace name; its pods are deleted afterwards, and the test fails
+  if the kubelet hit an unexpected error on one of them. (Namespaces themselves cannot go away here: that
+  needs the namespace controller, which does not run.)
 
 Tests are skipped only when no kube-apiserver binary can be provided at all (neither the prebuilt one
 nor a source build); every other failure to start is an error.
@@ -64,7 +65,7 @@ def kube_kubelet(kube_cluster: LoopbackCluster) -> Iterator[TestKubelet]:
 
 
 @pytest.fixture
-def kube_namespace(kube_cluster: LoopbackCluster) -> Iterator[str]:
+def kube_namespace(kube_cluster: LoopbackCluster, kube_kubelet: TestKubelet) -> Iterator[str]:
     core = k8s.CoreV1Api(kube_cluster.api_client())
     name = f"t-{secrets.token_hex(4)}"
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
@@ -72,6 +73,9 @@ def kube_namespace(kube_cluster: LoopbackCluster) -> Iterator[str]:
         yield name
     finally:
         core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    # The kubelet runs in threads, where an exception would pass unseen: fail the test that caused one.
+    errors = [e for e in kube_kubelet.errors if f" {name}/" in e]
+    assert not errors, f"test kubelet errors: {errors}"
 
 
 def wait_for(predicate, *, timeout: float = 20.0, interval: float = 0.1, what: str = "condition"):  # type: ignore[no-untyped-def]

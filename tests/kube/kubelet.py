@@ -372,13 +372,21 @@ class TestKubelet:
                                                            "message": "container has runAsNonRoot and image will run as root"}})]})
             return
         argv = [self._host_arg(a, run, mounts) for a in [*(container.command or []), *(container.args or [])]]
-        if argv and argv[0] in ("python", "python3"):
+        if not argv:  # nothing we know how to run (the image's own entrypoint): a kwok-style stand-in
+            self._patch_status(run.namespace, run.name, self._running_status(run, container, ready=True))
+            return
+        if argv[0] in ("python", "python3"):
             argv[0] = PYTHON
         cwd = self._host_path(container.working_dir, mounts) if container.working_dir else str(run.dir)
-        out = open(run.dir / "container.log", "wb")  # noqa: SIM115 - the child owns it
-        run.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, **identity.popen_kwargs())
-        out.close()
+        with open(run.dir / "container.log", "wb") as out:
+            try:
+                run.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True,
+                                            **identity.popen_kwargs())
+            except OSError as exc:  # e.g. the command is not in the "image"
+                self._patch_status(run.namespace, run.name, {"containerStatuses": [self._container_status(
+                    container, ready=False, state={"waiting": {"reason": "RunContainerError", "message": str(exc)}})]})
+                return
         ready = self._probe(run, container)
         if run.deleting or self._stop.is_set():
             return

@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 
 from asgiref.sync import sync_to_async
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
 from experience.services.ingest import steps_append
 from webapp.proxy.records import CallRecord
@@ -26,16 +26,22 @@ def write_call_records(records: list[CallRecord]) -> None:
     by_trajectory: dict[int, list[CallRecord]] = defaultdict(list)
     for record in records:
         by_trajectory[int(record.trajectory_id)].append(record)
-    for trajectory_id, calls in by_trajectory.items():
-        calls.sort(key=lambda call: call.started_at)
-        steps_append(trajectory_id=trajectory_id, steps=[call.to_step_record() for call in calls])
+    try:
+        for trajectory_id, calls in by_trajectory.items():
+            calls.sort(key=lambda call: call.started_at)
+            steps_append(trajectory_id=trajectory_id, steps=[call.to_step_record() for call in calls])
+    finally:
+        # Writer and lookup threads hold no connection between batches: nothing pins the database.
+        connection.close()
 
 
 def _lookup(token: str):
     from webapp.proxy.app import Target
 
-    close_old_connections()
-    rollout = rollout_by_token(token)
+    try:
+        rollout = rollout_by_token(token)
+    finally:
+        connection.close()
     if rollout is None or rollout.trajectory_id is None:
         return None
     return Target(

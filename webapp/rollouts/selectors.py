@@ -45,6 +45,7 @@ def budget_from_tallies(job: RolloutJob, tallies: list[sampling.TaskTally], task
     job_open = job.status in JOB_OPEN
     rows = [{"task": task_keys.get(t.task_id, str(t.task_id)),
              **sampling.task_summary(t, policy, budget_left=left, job_open=job_open)} for t in tallies]
+    rows.sort(key=lambda row: row["task"])
     return {
         "policy": policy.name, "first_round": policy.first_round_size, "total": total, "spent": spent,
         "unspent": left, "may_still_spend": sampling.may_still_spend(tallies, policy) if job_open else 0,

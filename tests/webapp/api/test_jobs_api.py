@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
-import redis
-from django.conf import settings
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from tests.webapp.rollouts.jobs_factories import drive, finish, make_fleet, make_job, make_task_set
+from tests.webapp.rollouts.jobs_factories import (  # noqa: F401 (celery_queue is a fixture)
+    celery_queue,
+    drive,
+    finish,
+    make_fleet,
+    make_job,
+    make_task_set,
+)
 from webapp.rollouts.models import Rollout, RolloutJob, TaskSet
 
 R = Rollout.Status
@@ -29,28 +33,13 @@ def api():
     return client
 
 
-@pytest.fixture
-def celery_queue():
-    """Route this test's Celery messages to a queue of its own on the real Redis, and read them back."""
-    from webapp.celery import app
-
-    if not settings.REDIS_URL:
-        pytest.fail("these tests read the enqueued rollouts from Redis: run them with REDIS_URL set")
-    queue, previous = f"trove-test-api-{uuid.uuid4().hex[:8]}", app.conf.task_default_queue
-    app.conf.task_default_queue = queue
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    yield lambda: [json.loads(m)["headers"] for m in client.lrange(queue, 0, -1)]
-    client.delete(queue)
-    app.conf.task_default_queue = previous
-
-
 def submit_body(task_set: TaskSet, fleet, **fields) -> dict:
     return {"task_set": task_set.name, "fleet": fleet.name, "model_base_url": "http://127.0.0.1:8002/v1",
             "model_name": "policy-7", **fields}
 
 
 def test_a_trainer_submits_a_job_by_names_and_its_rollouts_are_enqueued(
-    api, celery_queue, monkeypatch, django_capture_on_commit_callbacks
+    api, celery_queue, monkeypatch, django_capture_on_commit_callbacks  # noqa: F811 (a fixture)
 ):
     monkeypatch.setenv("POLICY_KEY", SECRET)
     task_set, fleet = make_task_set(["a", "b", "c"]), make_fleet()
@@ -211,8 +200,9 @@ def test_rerun_failed_through_the_api(api):
     assert response.json()["job"]["status"] == "running"
 
 
-def test_the_api_key_itself_never_appears_in_any_response(api, monkeypatch, django_capture_on_commit_callbacks,
-                                                          celery_queue):
+def test_the_api_key_itself_never_appears_in_any_response(
+    api, monkeypatch, django_capture_on_commit_callbacks, celery_queue  # noqa: F811 (a fixture)
+):
     monkeypatch.setenv("POLICY_KEY", SECRET)
     task_set, fleet = make_task_set(["a"]), make_fleet()
     with django_capture_on_commit_callbacks(execute=True):

@@ -6,9 +6,14 @@ services (rollout_start, rollout_finish), so the state machine, the locks and th
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Callable
+
+import pytest
+import redis
+from django.conf import settings
 
 from webapp.fleets import services as fleet_services
 from webapp.fleets.models import Fleet
@@ -71,3 +76,18 @@ def samples_per_task(job: RolloutJob) -> dict[str, int]:
     for key in job.rollouts.values_list("task__key", flat=True):
         counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+@pytest.fixture
+def celery_queue():
+    """Route this test's Celery messages to a queue of its own on the real Redis; read back their headers."""
+    from webapp.celery import app
+
+    if not settings.REDIS_URL:
+        pytest.fail("these tests read the enqueued rollouts from Redis: run them with REDIS_URL set")
+    queue, previous = f"trove-test-jobs-{uuid.uuid4().hex[:8]}", app.conf.task_default_queue
+    app.conf.task_default_queue = queue
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    yield lambda: [json.loads(m)["headers"] for m in client.lrange(queue, 0, -1)]
+    client.delete(queue)
+    app.conf.task_default_queue = previous

@@ -122,9 +122,20 @@ def test_an_image_that_cannot_be_pulled_fails_permanently_and_leaves_nothing(kub
     wait_nothing_left(core, kube_namespace, "sb-badimg")
 
 
+def test_an_image_without_the_agent_fails_permanently_and_leaves_nothing(kube_cluster, core, kube_namespace):
+    broken = KubernetesBackend(namespace=kube_namespace, api_client=kube_cluster.api_client(),
+                               config=KubeSandboxConfig(default_image=IMAGE, agent_command=("/opt/trove/missing",)))
+
+    with pytest.raises(SandboxStartFailed) as failed:
+        broken.create(SandboxSpec(name="sb-noagent"), timeout=20)
+
+    assert (failed.value.reason, failed.value.permanent) == ("RunContainerError", True)
+    wait_nothing_left(core, kube_namespace, "sb-noagent")
+
+
 def test_an_unschedulable_sandbox_fails_transiently_and_leaves_nothing(kube_backend, core, kube_namespace):
     with pytest.raises(SandboxStartFailed) as failed:
-        kube_backend.create(SandboxSpec(name="sb-huge", cpu=4096), timeout=3)
+        kube_backend.create(SandboxSpec(name="sb-huge", cpu=4096), timeout=8)
 
     assert failed.value.permanent is False
     assert failed.value.reason == "Unschedulable"
