@@ -38,7 +38,7 @@ import random
 import statistics
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -112,26 +112,35 @@ def make_plan(task: Task, rng: random.Random) -> Plan:
     fix = f"{rng.choice(task.symbols)}({rng.choice(WORDS)}, {rng.choice(WORDS)}={rng.choice(WORDS)})"
     steps: list[tuple[str, tuple]] = [("ls -F", ())] if rng.random() < 0.7 else []
     for _ in range(rng.randint(2, 5)):
-        steps.append(rng.choice([
-            ("grep -rn {0} src/", (rng.choice(task.symbols),)),
-            ("cat {0}", (rng.choice(task.files),)),
-            ("find_file {0} src", (rng.choice(task.files).rsplit("/", 1)[-1],)),
-            ("python -c 'import {0}; print({0}.{1})'", (rng.choice(WORDS), rng.choice(task.symbols))),
-            ("git log --oneline -5 -- {0}", (rng.choice(task.files),)),
-        ]))
+        steps.append(
+            rng.choice(
+                [
+                    ("grep -rn {0} src/", (rng.choice(task.symbols),)),
+                    ("cat {0}", (rng.choice(task.files),)),
+                    ("find_file {0} src", (rng.choice(task.files).rsplit("/", 1)[-1],)),
+                    ("python -c 'import {0}; print({0}.{1})'", (rng.choice(WORDS), rng.choice(task.symbols))),
+                    ("git log --oneline -5 -- {0}", (rng.choice(task.files),)),
+                ]
+            )
+        )
     reproduce = rng.random() < 0.6
     if reproduce:
         steps += [
             ("create reproduce.py", ()),
-            ("edit {line}:{line}\nfrom x import {0}\nprint({0}({1}))\nend_of_edit", (symbol, rng.choice(WORDS))),
+            (
+                "edit {line}:{line}\nfrom x import {0}\nprint({0}({1}))\nend_of_edit",
+                (symbol, rng.choice(WORDS)),
+            ),
             ("python reproduce.py", ()),
         ]
     steps += [("open {0} {line}", (file,)), ("edit {line}:{line2}\n        return {0}\nend_of_edit", (fix,))]
-    steps += rng.choice([
-        [("cd {tmp}/repo && pytest tests/test_{0}.py -x", (rng.choice(WORDS),))],
-        [("python -m pytest -q -k {0}", (rng.choice(task.symbols),))],
-        [],
-    ])
+    steps += rng.choice(
+        [
+            [("cd {tmp}/repo && pytest tests/test_{0}.py -x", (rng.choice(WORDS),))],
+            [("python -m pytest -q -k {0}", (rng.choice(task.symbols),))],
+            [],
+        ]
+    )
     if reproduce:
         steps.append(("python reproduce.py", ()))
         steps.append(("rm reproduce.py", ()))
@@ -159,7 +168,9 @@ def mutate(steps: list[tuple[str, tuple]], task: Task, rng: random.Random) -> li
 def render(plan: list[tuple[str, tuple]], rng: random.Random) -> list[str]:
     line = rng.randint(10, 900)
     tmp = f"/tmp/tmp{rng.getrandbits(40):010x}"
-    return [template.format(*args, line=line, line2=line + rng.randint(0, 5), tmp=tmp) for template, args in plan]
+    return [
+        template.format(*args, line=line, line2=line + rng.randint(0, 5), tmp=tmp) for template, args in plan
+    ]
 
 
 def record_of(task: Task, plan: Plan, commands: list[str], run: int) -> TrajectoryRecord:
@@ -168,8 +179,15 @@ def record_of(task: Task, plan: Plan, commands: list[str], run: int) -> Trajecto
         f"diff --git a/{plan.file} b/{plan.file}\n--- a/{plan.file}\n+++ b/{plan.file}\n"
         f"@@ -1,3 +1,3 @@\n context\n-    return {plan.symbol}(x)\n+    return {plan.fix}\n"
     )
-    return TrajectoryRecord(source="rollout", source_format="bench", source_ref=f"{task.key}/{run}",
-                            task_key=task.key, instruction=task.instruction, final_diff=diff, steps=steps)
+    return TrajectoryRecord(
+        source="rollout",
+        source_format="bench",
+        source_ref=f"{task.key}/{run}",
+        task_key=task.key,
+        instruction=task.instruction,
+        final_diff=diff,
+        steps=steps,
+    )
 
 
 def synthetic_runs(count: int, seed: int = 0) -> tuple[list[TrajectoryRecord], list[str]]:
@@ -186,7 +204,9 @@ def synthetic_runs(count: int, seed: int = 0) -> tuple[list[TrajectoryRecord], l
                 plan_number, steps = len(plans) - 1, plans[-1].steps
             else:
                 plan_number = rng.randrange(len(plans))
-                steps = plans[plan_number].steps if kind < 0.55 else mutate(plans[plan_number].steps, task, rng)
+                steps = (
+                    plans[plan_number].steps if kind < 0.55 else mutate(plans[plan_number].steps, task, rng)
+                )
             records.append(record_of(task, plans[plan_number], render(steps, rng), run))
             families.append(f"{task.key}/{plan_number}")
     return records[:count], families[:count]
@@ -213,7 +233,9 @@ def pair_quality(assignments: list[Assignment], families: list[str]) -> dict[str
 def dedup_pipeline(records: list[TrajectoryRecord], embedder: Embedder) -> tuple[list[Assignment], dict]:
     timings: dict[str, float] = {}
     actions, timings["normalise_s"] = timed(lambda: [action_sequence(record) for record in records])
-    hashes, timings["hash_s"] = timed(lambda: [exact_hash(r, actions=a) for r, a in zip(records, actions, strict=True)])
+    hashes, timings["hash_s"] = timed(
+        lambda: [exact_hash(r, actions=a) for r, a in zip(records, actions, strict=True)]
+    )
     texts, timings["signature_s"] = timed(
         lambda: [signature_text(r, actions=a) for r, a in zip(records, actions, strict=True)]
     )
@@ -222,12 +244,17 @@ def dedup_pipeline(records: list[TrajectoryRecord], embedder: Embedder) -> tuple
     index = VectorIndex(embedder.dim)
     _, timings["index_s"] = timed(lambda: index.rebuild(ids, vectors))
     items = [
-        DedupItem(id=position, task_key=record.task_key, exact_hash=hashes[position], vector=vectors[position])
+        DedupItem(
+            id=position, task_key=record.task_key, exact_hash=hashes[position], vector=vectors[position]
+        )
         for position, record in enumerate(records)
     ]
     assignments, timings["cluster_s"] = timed(lambda: cluster_items(items, threshold=embedder.threshold))
-    return assignments, {"timings": {key: round(value, 2) for key, value in timings.items()},
-                         "index": index, "vectors": vectors}
+    return assignments, {
+        "timings": {key: round(value, 2) for key, value in timings.items()},
+        "index": index,
+        "vectors": vectors,
+    }
 
 
 def single_query_p50_ms(index: VectorIndex, queries: np.ndarray, k: int = K) -> float:
@@ -253,38 +280,47 @@ def recall_against_brute_force(index: VectorIndex, ids: np.ndarray, vectors: np.
 def calibrate() -> dict[str, Any]:
     from experience.importers.swe_agent import parse
 
-    records = [r for path in sorted(FIXTURES.rglob("*.traj")) for r in parse(path)
-               if any(step.kind == "command" for step in r.steps)]
-
-    def work(record: TrajectoryRecord) -> str:
-        same_issue = record.task_key.lower() in {"swe-agent__test-repo-i1", "function_calling_simple"}
-        return "missing-colon" if same_issue else record.task_key
-
-    heads = {work(r): r for r in reversed(records)}
-    swapped = [(a, dataclasses.replace(b, task_key=a.task_key, instruction=a.instruction))
-               for a in heads.values() for b in heads.values() if work(a) != work(b)]
+    records = [
+        record
+        for path in sorted(FIXTURES.rglob("*.traj"))
+        for record in parse(path)
+        if any(step.kind == "command" for step in record.steps)
+    ]
+    works = [work_of(record) for record in records]
+    heads = {work: record for work, record in zip(reversed(works), reversed(records), strict=True)}
+    swapped = [
+        (a, dataclasses.replace(b, task_key=a.task_key, instruction=a.instruction))
+        for work_a, a in heads.items()
+        for work_b, b in heads.items()
+        if work_a != work_b
+    ]
     figures: dict[str, Any] = {"runs": len(records)}
     for name in ("lexical", "minilm"):
         embedder = get_embedder(name)
-        vectors = embedder.embed([signature_text(r) for r in records])
+        vectors = embedder.embed([signature_text(record) for record in records])
         similarity = vectors @ vectors.T
-        pairs = [(i, j) for i in range(len(records)) for j in range(i + 1, len(records))]
-        within = lambda w: min(similarity[i, j] for i, j in pairs if work(records[i]) == work(records[j]) == w)  # noqa: E731
         first = embedder.embed([signature_text(a) for a, _ in swapped])
         second = embedder.embed([signature_text(b) for _, b in swapped])
-        members = lambda w: [i for i, r in enumerate(records) if work(r) == w]  # noqa: E731
-        figures[name] = {
-            "threshold": embedder.threshold,
-            "marshmallow_within_min": round(float(within("marshmallow-code__marshmallow-1867")), 3),
-            "marshmallow_linkage": round(linkage_height(similarity, members("marshmallow-code__marshmallow-1867")), 3),
-            "missing_colon_within_min": round(float(within("missing-colon")), 3),
-            "missing_colon_linkage": round(linkage_height(similarity, members("missing-colon")), 3),
-            "cross_problem_max": round(float(max(similarity[i, j] for i, j in pairs
-                                                 if work(records[i]) != work(records[j]))), 3),
-            "same_head_other_actions_max": round(float((first * second).sum(axis=1).max()), 3),
-        }
+        figures[name] = {"threshold": embedder.threshold}
+        for label, work in (
+            ("marshmallow", "marshmallow-code__marshmallow-1867"),
+            ("missing_colon", "missing-colon"),
+        ):
+            members = [position for position, other in enumerate(works) if other == work]
+            block = similarity[np.ix_(members, members)]
+            figures[name][f"{label}_within_min"] = round(float(block.min()), 3)
+            figures[name][f"{label}_linkage"] = round(linkage_height(similarity, members), 3)
+        different = np.array(works)[:, None] != np.array(works)[None, :]
+        figures[name]["cross_problem_max"] = round(float(similarity[different].max()), 3)
+        figures[name]["same_head_other_actions_max"] = round(float((first * second).sum(axis=1).max()), 3)
         log(f"calibrate {name}: {figures[name]}")
     return figures
+
+
+def work_of(record: TrajectoryRecord) -> str:
+    """The problem a fixture run solves: three files solve the same missing-colon issue under three keys."""
+    same_issue = record.task_key.lower() in {"swe-agent__test-repo-i1", "function_calling_simple"}
+    return "missing-colon" if same_issue else record.task_key
 
 
 def linkage_height(similarity: np.ndarray, members: list[int]) -> float:
@@ -310,8 +346,10 @@ def synthetic_phase(args: argparse.Namespace) -> dict[str, Any]:
     lexical_quality = pair_quality(assignments, families)
     duplicates = sum(a.is_duplicate for a in assignments)
     exact = sum(a.match == "exact" for a in assignments)
-    log(f"end to end {end_to_end_s:.1f}s {details['timings']}; {duplicates} duplicates ({exact} exact); "
-        f"{lexical_quality}")
+    log(
+        f"end to end {end_to_end_s:.1f}s {details['timings']}; {duplicates} duplicates ({exact} exact); "
+        f"{lexical_quality}"
+    )
 
     index, vectors = details["index"], details["vectors"]
     texts = [signature_text(r) for r in records]
@@ -323,13 +361,20 @@ def synthetic_phase(args: argparse.Namespace) -> dict[str, Any]:
     query_p50 = single_query_p50_ms(index, queries)
     exact_p50 = single_query_p50_ms(exact_index, queries[:200])
     _, index_build_s = timed(lambda: VectorIndex(lexical.dim).rebuild(ids, vectors))
-    log(f"index {index.kind} nlist={index.nlist} nprobe={index.nprobe}: build {index_build_s:.1f}s, "
-        f"query p50 {query_p50:.3f} ms (exact {exact_p50:.3f} ms), recall@10 {recall:.4f}")
+    log(
+        f"index {index.kind} nlist={index.nlist} nprobe={index.nprobe}: build {index_build_s:.1f}s, "
+        f"query p50 {query_p50:.3f} ms (exact {exact_p50:.3f} ms), recall@10 {recall:.4f}"
+    )
 
-    minilm_figures = minilm_phase(records[: args.minilm_n], families[: args.minilm_n], vectors[: args.minilm_n])
+    minilm_figures = minilm_phase(
+        records[: args.minilm_n], families[: args.minilm_n], vectors[: args.minilm_n]
+    )
     return {
         "n": args.n,
-        "embed_per_s": {"lexical": round(len(texts) / lexical_embed_s, 1), "minilm": minilm_figures.pop("per_s")},
+        "embed_per_s": {
+            "lexical": round(len(texts) / lexical_embed_s, 1),
+            "minilm": minilm_figures.pop("per_s"),
+        },
         "index_build_s": round(index_build_s, 2),
         "index_kind": index.kind,
         "nlist": index.nlist,
@@ -392,8 +437,10 @@ def million_phase(args: argparse.Namespace) -> dict[str, Any]:
     ids = np.arange(len(vectors), dtype=np.int64)
     index = VectorIndex(dim)
     _, build_s = timed(lambda: index.rebuild(ids, vectors))
-    log(f"million: {len(vectors)} vectors, IVF nlist={index.nlist} nprobe={index.nprobe} "
-        f"(tuned recall {index.measured_recall:.4f}) built in {build_s:.1f}s")
+    log(
+        f"million: {len(vectors)} vectors, IVF nlist={index.nlist} nprobe={index.nprobe} "
+        f"(tuned recall {index.measured_recall:.4f}) built in {build_s:.1f}s"
+    )
     recall, exact = recall_against_brute_force(index, ids, vectors, queries)
     p50 = single_query_p50_ms(index, queries)
     exact_p50 = single_query_p50_ms(exact, queries[:50])

@@ -77,8 +77,8 @@ class LexicalEmbedder:
         counts = np.zeros(len(texts) * self.dim, dtype=np.float32)
         for size in self.ngram_sizes:
             self._add_ngrams(counts, data, doc_of_byte, end_of_byte, size)
-        counts = counts.reshape(len(texts), self.dim)
-        return l2_normalise(np.sign(counts) * np.log1p(np.abs(counts)))
+        table = counts.reshape(len(texts), self.dim)
+        return l2_normalise(np.sign(table) * np.log1p(np.abs(table)))
 
     def _add_ngrams(
         self,
@@ -95,8 +95,8 @@ class LexicalEmbedder:
         hashes = _ngram_hash(data, positions, size)[inside]
         buckets = (hashes % np.uint32(self.dim)).astype(np.int64)
         signs = np.where(hashes >> np.uint32(31), -1.0, 1.0).astype(np.float32)
-        rows = doc_of_byte[:positions][inside]
-        counts += np.bincount(rows * self.dim + buckets, weights=signs, minlength=len(counts)).astype(np.float32)
+        cells = doc_of_byte[:positions][inside] * self.dim + buckets
+        counts += np.bincount(cells, weights=signs, minlength=len(counts)).astype(np.float32)
 
 
 def _ngram_hash(data: np.ndarray, positions: int, size: int) -> np.ndarray:

@@ -28,6 +28,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
@@ -57,7 +58,8 @@ class VectorIndex:
         self.high_water_mark = -1
         self.trained_size = 0  # vectors the IVF was trained for; 0 while flat
         self.measured_recall: float | None = None  # recall@10 at the chosen nprobe, when IVF
-        self._index: faiss.Index = _new_flat(dim)
+        # Any: FAISS's stubs know neither the SWIG subclasses' fields nor the numpy-friendly wrappers.
+        self._index: Any = _new_flat(dim)
 
     # -- reading -------------------------------------------------------------------------------------
 
@@ -213,13 +215,11 @@ def ivf_list_count(size: int) -> int:
     return max(1, min(int(4 * math.sqrt(size)), size // MIN_LIST_POINTS))
 
 
-def _new_flat(dim: int) -> faiss.Index:
+def _new_flat(dim: int) -> Any:
     return faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
 
 
-def _build_ivf(
-    ids: np.ndarray, vectors: np.ndarray, *, target_recall: float, seed: int
-) -> tuple[faiss.IndexIVFFlat, float]:
+def _build_ivf(ids: np.ndarray, vectors: np.ndarray, *, target_recall: float, seed: int) -> tuple[Any, float]:
     dim = vectors.shape[1]
     nlist = ivf_list_count(len(ids))
     index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
@@ -229,14 +229,14 @@ def _build_ivf(
     rng = np.random.default_rng(seed)
     sample_size = min(len(ids), nlist * MIN_LIST_POINTS)
     index.train(vectors[np.sort(rng.choice(len(ids), sample_size, replace=False))])
-    index.set_direct_map_type(faiss.DirectMap.Hashtable)  # remove and reconstruct by id
+    index.set_direct_map_type(faiss.DirectMap.Hashtable)  # type: ignore[attr-defined]  # remove/reconstruct by id
     index.add_with_ids(vectors, ids)
     recall = _tune_nprobe(index, ids, vectors, target_recall=target_recall, rng=rng)
     return index, recall
 
 
 def _tune_nprobe(
-    index: faiss.IndexIVFFlat,
+    index: Any,
     ids: np.ndarray,
     vectors: np.ndarray,
     *,
@@ -297,7 +297,7 @@ def recall_at_k(
     return hits / wanted if wanted else 1.0
 
 
-def _ivf_contents(index: faiss.IndexIVF, dim: int) -> tuple[np.ndarray, np.ndarray]:
+def _ivf_contents(index: Any, dim: int) -> tuple[np.ndarray, np.ndarray]:
     from faiss.contrib.inspect_tools import get_invlist
 
     id_parts, vector_parts = [], []

@@ -46,7 +46,9 @@ _TEMP_DIR = re.compile(
     r"(?<![\w.~-])(?:/private)?(?:/var/folders/[^/\s'\"]+/[^/\s'\"]+/[A-Z]|/var/tmp|/tmp|/dev/shm)/[^/\s'\"]+"
 )
 _HOME_DIR = re.compile(r"(?<![\w.~-])(?:/home/[^/\s'\"]+|/Users/[^/\s'\"]+|/root)(?=/|\s|$|['\"])")
-_UUID = re.compile(r"(?i)(?<![0-9a-z])[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(?![0-9a-z])")
+_UUID = re.compile(
+    r"(?i)(?<![0-9a-z])[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(?![0-9a-z])"
+)
 # Needs a digit and a letter so words like `deadbeef`, `facade` or a decimal answer survive.
 _HEX_ID = re.compile(r"(?i)(?<![0-9a-z])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,}(?![0-9a-z])")
 _LINE_RANGE = re.compile(r"(?<![\w.])\d+(\s*):(\s*)\d+(?![\w.])")
@@ -143,7 +145,7 @@ def _step_actions(step: StepRecord) -> list[str]:
 
 def _normalise_tool_call(call: dict[str, Any]) -> str:
     """`name key=value ...` with keys sorted; accepts OpenAI (`function.arguments` JSON) and flat shapes."""
-    function = call.get("function") if isinstance(call.get("function"), dict) else call
+    function: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else call
     name = str(function.get("name") or call.get("type") or "tool")
     arguments = function.get("arguments", function.get("input", function.get("args", {})))
     if isinstance(arguments, str):

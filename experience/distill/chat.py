@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from experience.distill.decisions import Decision, decision_at, model_tool_calls
+from experience.distill.decisions import Decision, model_tool_calls
 from experience.records import StepRecord, TrajectoryRecord
 
 Message = dict[str, Any]
@@ -36,14 +36,17 @@ class Entry:
 
 
 def rebuild_conversation(record: TrajectoryRecord, decisions: list[Decision]) -> list[Entry]:
-    """The run as tagged chat messages, from its steps. Starts with the task as a user message when no
-    message step carries it."""
+    """The run as tagged chat messages, from its steps. When no message step carries the task, it is
+    added as a user message after any leading system messages."""
+    owner = {step: d for d in decisions for step in range(d.first_step, d.last_step + 1)}
     entries: list[Entry] = []
     for index, step in enumerate(record.steps):
-        decision = decision_at(decisions, index)
-        entries.extend(_step_entries(record, index, step, decision))
+        entries.extend(_step_entries(record, index, step, owner.get(index)))
     if record.instruction and not _carries_task(entries, record.instruction):
-        entries.insert(0, Entry(-1, {"role": "user", "content": record.instruction}, None))
+        leading_system = next(
+            (i for i, e in enumerate(entries) if e.message["role"] != "system"), len(entries)
+        )
+        entries.insert(leading_system, Entry(-1, {"role": "user", "content": record.instruction}, None))
     return entries
 
 

@@ -137,6 +137,7 @@ class TestKubelet:
     # -- lifecycle -------------------------------------------------------------------------------------
 
     def start(self) -> TestKubelet:
+        self._unpack_image()
         self._register_node()
         for target, name in ((self._watch_loop, "kubelet-watch"), (self._monitor_loop, "kubelet-monitor")):
             thread = threading.Thread(target=target, name=name, daemon=True)
@@ -185,6 +186,20 @@ class TestKubelet:
                 if (run.namespace, run.name) == (namespace, name):
                     return run.dir
         return None
+
+    def _unpack_image(self) -> None:
+        """Copy the "image" files into the kubelet's own world-readable dir: the pods' processes may run as
+        another uid, which cannot be assumed to read the repository where it lives (e.g. under /root)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir.chmod(0o755)
+        unpacked: dict[str, Path] = {}
+        for index, (container_path, source) in enumerate(sorted(self.image_files.items())):
+            target = self.workdir / "image" / str(index)
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            for path in [target.parent, target, *target.rglob("*")]:
+                path.chmod(0o755 if path.is_dir() else 0o644)
+            unpacked[container_path] = target
+        self.image_files = unpacked
 
     # -- node --------------------------------------------------------------------------------------------
 

@@ -167,7 +167,9 @@ def test_a_new_run_of_another_task_or_an_unrelated_run_starts_its_own_cluster():
         11, "h11", 11, 1.0, "canonical"
     )
     assert assign(unrelated, index=store.index, lookup=store.lookup, threshold=THRESHOLD).canonical_id == 12
-    crossing = assign(other_task, index=store.index, lookup=store.lookup, threshold=THRESHOLD, across_tasks=True)
+    crossing = assign(
+        other_task, index=store.index, lookup=store.lookup, threshold=THRESHOLD, across_tasks=True
+    )
     assert crossing.canonical_id == 1
 
 
@@ -175,8 +177,9 @@ def test_an_exact_match_found_by_the_caller_wins():
     store = existing_store()
     twin = Member(2, "task-a", "h1", 1)
 
-    result = assign(item(13, direction(13)), index=store.index, lookup=store.lookup, threshold=THRESHOLD,
-                    exact_match=twin)
+    result = assign(
+        item(13, direction(13)), index=store.index, lookup=store.lookup, threshold=THRESHOLD, exact_match=twin
+    )
 
     assert result == Assignment(13, "h1", 1, 1.0, "exact")
 
@@ -249,8 +252,13 @@ def test_ingesting_the_marshmallow_runs_one_by_one_puts_them_in_the_first_ones_c
     members: dict[int, Member] = {}
     by_hash: dict[str, Member] = {}
     for new in items:  # what the ingest service does per run: assign, then store and index it
-        result = assign(new, index=index, lookup=lambda ids: {i: members[i] for i in ids},
-                        threshold=embedder.threshold, exact_match=by_hash.get(new.exact_hash))
+        result = assign(
+            new,
+            index=index,
+            lookup=lambda ids: {i: members[i] for i in ids},
+            threshold=embedder.threshold,
+            exact_match=by_hash.get(new.exact_hash),
+        )
         members[new.id] = Member(new.id, new.task_key, result.cluster_key, result.canonical_id)
         by_hash.setdefault(new.exact_hash, members[new.id])
         index.add(np.array([new.id]), new.vector)
@@ -258,5 +266,8 @@ def test_ingesting_the_marshmallow_runs_one_by_one_puts_them_in_the_first_ones_c
     marshmallow = [members[it.id] for it in items if it.task_key == MARSHMALLOW_TASK]
     first = marshmallow[0]
     assert all(m.canonical_id == first.id and m.cluster_key == first.cluster_key for m in marshmallow)
-    assert all(m.canonical_id == m.id for m in members.values() if m.task_key != MARSHMALLOW_TASK
-               and work_of(swe_agent_records[m.id]) != "missing-colon")
+    assert all(
+        m.canonical_id == m.id
+        for m in members.values()
+        if m.task_key != MARSHMALLOW_TASK and work_of(swe_agent_records[m.id]) != "missing-colon"
+    )

@@ -13,7 +13,9 @@ from experience.dedup.embed import LexicalEmbedder, MiniLMEmbedder, embedder_nam
 
 REPO = Path(__file__).resolve().parents[3]
 EDIT = "task: marshmallow-1867\nactions:\n1. open src/marshmallow/fields.py <N>\n2. edit <N>:<N> return int(round(x))"
-EDIT_VARIANT = "task: marshmallow-1867\nactions:\n1. open src/marshmallow/fields.py <N>\n2. edit return int(round(x))"
+EDIT_VARIANT = (
+    "task: marshmallow-1867\nactions:\n1. open src/marshmallow/fields.py <N>\n2. edit return int(round(x))"
+)
 UNRELATED = "task: pwn-warmup\nactions:\n1. disassemble warmup\n2. python exploit.py\n3. submit FLAG{x}"
 TEXTS = [EDIT, EDIT_VARIANT, UNRELATED, ""]
 
@@ -50,13 +52,19 @@ def test_lexical_is_identical_across_processes_with_different_hash_seeds():
     outputs = [
         subprocess.run(
             [sys.executable, "-c", script, json.dumps(TEXTS)],
-            cwd=REPO, env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True, check=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
         for seed in ("1", "2")
     ]
 
     assert outputs[0] == outputs[1]
-    np.testing.assert_array_equal(np.array(json.loads(outputs[0]), dtype=np.float32), LexicalEmbedder().embed(TEXTS))
+    np.testing.assert_array_equal(
+        np.array(json.loads(outputs[0]), dtype=np.float32), LexicalEmbedder().embed(TEXTS)
+    )
 
 
 def test_the_registry_hands_out_one_instance_per_name_and_rejects_unknown_names():
@@ -76,8 +84,14 @@ def minilm_offline_run() -> dict:
         "print(json.dumps({'first': e.embed(texts).tolist(), 'second': e.embed(texts).tolist()}))"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-c", script, json.dumps(TEXTS)], cwd=REPO, env=env,
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(TEXTS)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 

@@ -131,7 +131,10 @@ def test_save_and_load_round_trip_search_results_and_state(tmp_path, data, thres
     loaded = VectorIndex.load(path)
 
     assert (loaded.kind, len(loaded), loaded.high_water_mark, loaded.nprobe) == (
-        index.kind, len(index), index.high_water_mark, index.nprobe
+        index.kind,
+        len(index),
+        index.high_water_mark,
+        index.nprobe,
     )
     np.testing.assert_array_equal(loaded.search(vectors[:20], 10)[1], index.search(vectors[:20], 10)[1])
     assert [p.name for p in path.parent.iterdir()] == ["dedup.index"]  # no temp file left behind

@@ -25,9 +25,12 @@ index 1a2b3c4..5d6e7f8 100644
 
 
 def run(*commands: str, task: str = "repo__issue-1", **fields) -> TrajectoryRecord:
-    steps = [StepRecord(kind="command", command=command, output=f"output of {command}") for command in commands]
-    return TrajectoryRecord(source="import", source_format="test", source_ref="t", task_key=task, steps=steps,
-                            **fields)
+    steps = [
+        StepRecord(kind="command", command=command, output=f"output of {command}") for command in commands
+    ]
+    return TrajectoryRecord(
+        source="import", source_format="test", source_ref="t", task_key=task, steps=steps, **fields
+    )
 
 
 def test_the_same_actions_under_different_temp_dirs_hash_the_same():
@@ -98,12 +101,24 @@ def test_tool_calls_are_normalised_with_sorted_arguments_and_line_positions_drop
             "arguments": json.dumps({"path": "/tmp/tmp9k2/a.py", "command": "view", "view_range": [1, 50]}),
         },
     }
-    flat_call = {"name": "str_replace_editor",
-                 "input": {"view_range": [30, 80], "command": "view", "path": "/tmp/tmpq77/a.py"}}
-    first = TrajectoryRecord(source="api", source_format="t", source_ref="1", task_key="t",
-                             steps=[StepRecord(kind="tool_call", tool_calls=[openai_call])])
-    second = TrajectoryRecord(source="api", source_format="t", source_ref="2", task_key="t",
-                              steps=[StepRecord(kind="tool_call", tool_calls=[flat_call])])
+    flat_call = {
+        "name": "str_replace_editor",
+        "input": {"view_range": [30, 80], "command": "view", "path": "/tmp/tmpq77/a.py"},
+    }
+    first = TrajectoryRecord(
+        source="api",
+        source_format="t",
+        source_ref="1",
+        task_key="t",
+        steps=[StepRecord(kind="tool_call", tool_calls=[openai_call])],
+    )
+    second = TrajectoryRecord(
+        source="api",
+        source_format="t",
+        source_ref="2",
+        task_key="t",
+        steps=[StepRecord(kind="tool_call", tool_calls=[flat_call])],
+    )
 
     assert action_sequence(first) == ["str_replace_editor command=view path=<TMP>/a.py view_range=<N>"]
     assert exact_hash(first) == exact_hash(second)
@@ -111,10 +126,18 @@ def test_tool_calls_are_normalised_with_sorted_arguments_and_line_positions_drop
 
 def test_tool_calls_inside_model_calls_count_only_when_a_run_has_no_action_steps():
     call = {"function": {"name": "bash", "arguments": '{"command": "ls"}'}}
-    proxy_only = TrajectoryRecord(source="rollout", source_format="t", source_ref="p", task_key="t",
-                                  steps=[StepRecord(kind="model_call", tool_calls=[call])])
+    proxy_only = TrajectoryRecord(
+        source="rollout",
+        source_format="t",
+        source_ref="p",
+        task_key="t",
+        steps=[StepRecord(kind="model_call", tool_calls=[call])],
+    )
     with_commands = TrajectoryRecord(
-        source="rollout", source_format="t", source_ref="c", task_key="t",
+        source="rollout",
+        source_format="t",
+        source_ref="c",
+        task_key="t",
         steps=[StepRecord(kind="model_call", tool_calls=[call]), StepRecord(kind="command", command="ls")],
     )
 
@@ -123,8 +146,9 @@ def test_tool_calls_inside_model_calls_count_only_when_a_run_has_no_action_steps
 
 
 def test_signature_text_holds_task_head_actions_and_changed_lines_but_no_observations():
-    record = run("ls -F", "python reproduce.py", instruction="Fix the rounding of TimeDelta. " * 20,
-                 final_diff=DIFF)
+    record = run(
+        "ls -F", "python reproduce.py", instruction="Fix the rounding of TimeDelta. " * 20, final_diff=DIFF
+    )
 
     text = signature_text(record)
 
@@ -155,9 +179,13 @@ def test_marshmallow_runs_that_differ_only_in_format_share_an_exact_hash(swe_age
     marshmallow = [record for record in swe_agent_records if record.task_key == MARSHMALLOW_TASK]
     by_config = {record.metadata["run_name"]: exact_hash(record) for record in marshmallow}
 
-    plain = by_config["replay__marshmallow-code__marshmallow-1867__default_sys-env_window100__t-0.20__p-0.95__c-2.00__install-1"]
+    plain = by_config[
+        "replay__marshmallow-code__marshmallow-1867__default_sys-env_window100__t-0.20__p-0.95__c-2.00__install-1"
+    ]
     tool_calling = by_config["replay__marshmallow-code__marshmallow-1867__function_calling__install-1"]
-    cursors = by_config["replay__marshmallow-code__marshmallow-1867__default_sys-env_cursors_window100__t-0.20__p-0.95__c-2.00__install-1"]
+    cursors = by_config[
+        "replay__marshmallow-code__marshmallow-1867__default_sys-env_cursors_window100__t-0.20__p-0.95__c-2.00__install-1"
+    ]
     assert len(marshmallow) == 8
     assert plain == tool_calling  # trailing newlines and quoting differ in the files, not the actions
     assert plain != cursors  # the cursor config issues an extra set_cursors action

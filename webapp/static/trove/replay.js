@@ -2,7 +2,8 @@
 (function () {
   const steps = Array.from(document.querySelectorAll("#steps > li.step"));
   if (!steps.length) return;
-  let index = Math.max(0, steps.findIndex((el) => "#" + el.id === window.location.hash));
+  // -1 until a step is selected, so the first "j" selects the first step.
+  let index = steps.findIndex((el) => "#" + el.id === window.location.hash);
   function select(i) {
     index = Math.min(steps.length - 1, Math.max(0, i));
     steps.forEach((el) => el.classList.remove("current"));
@@ -15,5 +16,5 @@
     if (event.key === "j") select(index + 1);
     if (event.key === "k") select(index - 1);
   });
-  if (window.location.hash) select(index);
+  if (index >= 0) select(index);
 })();

@@ -1,0 +1,46 @@
+"""Headless Debian Chromium driven by Playwright (never a downloaded browser)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+CHROMIUM = os.environ.get("TROVE_CHROMIUM", "/usr/bin/chromium")
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM):
+        pytest.fail(f"Chromium not found at {CHROMIUM}: `apt-get install chromium` (.ci/run does)")
+    # Playwright's sync API refuses to run inside a running asyncio loop; Django's async-unsafe guard
+    # also needs this for the live_server ORM calls made from the test thread.
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context()
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+@pytest.fixture
+def logged_in_page(page, live_server, django_user_model):
+    django_user_model.objects.create_user(username="researcher", password="s3cret-pass-123")
+    page.goto(f"{live_server.url}/accounts/login/")
+    page.fill("input[name=username]", "researcher")
+    page.fill("input[name=password]", "s3cret-pass-123")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/")
+    return page
