@@ -89,7 +89,15 @@ class Trajectory(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["source", "source_ref"], name="trajectory_unique_source_ref"),
         ]
-        indexes = [models.Index(fields=["task_key", "status"])]
+        # One index per list filter of the explorer and the admin, so a filtered page on a large table is an
+        # index scan. Postgres-only indexes (the tags GIN, step full-text GIN) live in migration 0002.
+        indexes = [
+            models.Index(fields=["task_key", "status"]),
+            models.Index(fields=["source", "source_format"], name="trajectory_source_idx"),
+            models.Index(fields=["harness"], name="trajectory_harness_idx"),
+            # "was this file imported before?" is a lookup by the file's hash
+            models.Index(fields=["original_blob"], name="trajectory_original_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"trajectory {self.pk} ({self.task_key})"
@@ -107,7 +115,9 @@ class Step(models.Model):
         SANDBOX_EVENT = "sandbox_event"
         NOTE = "note"
 
-    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="steps")
+    # No index of its own: the unique (trajectory, seq) index serves every lookup by trajectory, and one index
+    # fewer to maintain is a faster bulk ingest.
+    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="steps", db_index=False)
     seq = models.PositiveIntegerField()
     kind = models.CharField(max_length=16, choices=Kind.choices)
     started_at = models.DateTimeField(null=True, blank=True)

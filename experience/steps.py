@@ -1,11 +1,18 @@
 """Turning StepRecords into Step rows and back. ORM-free apart from the Step class it instantiates.
 
 Short text stays inline in `payload`; text longer than INLINE_LIMIT and every model call's request
-messages go to blobs (`blob_refs`), so repeated context is stored once.
+messages go to blobs (`blob_refs`), so repeated context is stored once. The mapping is lossless:
+`step_record_from_parts(prepare_step(r)...) == r` for any record an importer or the API produced.
+
+Two things Postgres refuses are kept anyway, in blobs (bytea holds any bytes): the NUL character and lone
+UTF-16 surrogates (real logs carry both: binary command output, JSON written by JavaScript). When the
+step's inline payload would hold one, the whole payload moves to a `payload` blob; texts and messages are
+encoded with `surrogatepass`, which is plain UTF-8 for every ordinary string, so their hashes are unchanged.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,83 +22,135 @@ from experience.records import MessageRecord, StepRecord
 INLINE_LIMIT = 2048
 PREVIEW_CHARS = 300
 TEXT_FIELDS = ("text", "output", "response_text")
+NAMED_FIELDS = ("command", "tool_calls", "model", "latency_ms", "ttft_ms")
+PAYLOAD_BLOB = "payload"  # blob_refs key of a payload Postgres could not hold inline
 
 
 def canonical_json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return text.encode("utf-8", "surrogatepass")
+
+
+def encode_text(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def decode_text(data: bytes) -> str:
+    return data.decode("utf-8", "surrogatepass")
+
+
+def storable(text: str) -> bool:
+    """Whether Postgres can keep `text` in a text or jsonb column: no NUL (or its JSON escape), valid UTF-8."""
+    if "\x00" in text or "\\u0000" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def printable(text: str) -> str:
+    """`text` made storable for display-only columns (the preview): NUL dropped, lone surrogates replaced."""
+    if storable(text):
+        return text
+    return text.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
 
 
 def preview_of(record: StepRecord) -> str:
+    return printable(_preview_source(record)[:PREVIEW_CHARS])
+
+
+def _preview_source(record: StepRecord) -> str:
     if record.kind == "command" and record.command:
-        return record.command[:PREVIEW_CHARS]
+        return record.command
     for candidate in (record.response_text, record.text, record.output):
         if candidate:
-            return candidate[:PREVIEW_CHARS]
+            return candidate
     if record.tool_calls:
-        return json.dumps(record.tool_calls)[:PREVIEW_CHARS]
+        return json.dumps(record.tool_calls, ensure_ascii=False)[:PREVIEW_CHARS]
     return ""
+
+
+class BlobSink:
+    """Collects the blob contents of many steps, each distinct content once, keyed by its sha256.
+
+    Request messages are memoised by object: importers share one MessageRecord across every call whose
+    context holds it, so a context that grows over 50 calls is serialised and hashed once per message,
+    not 50 times. The sink keeps the messages alive, so their ids stay unique while it lives.
+    """
+
+    def __init__(self) -> None:
+        self.contents: dict[str, bytes] = {}
+        self._messages: dict[int, tuple[MessageRecord, str]] = {}
+
+    def put(self, content: bytes) -> str:
+        digest = hashlib.sha256(content).hexdigest()
+        self.contents.setdefault(digest, content)
+        return digest
+
+    def put_message(self, message: MessageRecord) -> str:
+        known = self._messages.get(id(message))
+        if known is not None and known[0] is message:
+            return known[1]
+        digest = self.put(canonical_json(message.as_openai()))
+        self._messages[id(message)] = (message, digest)
+        return digest
 
 
 @dataclass
 class PreparedStep:
-    """A StepRecord split into inline fields and blob contents (not yet stored)."""
+    """A StepRecord split into inline fields and references to blob contents held by a BlobSink."""
 
     record: StepRecord
     payload: dict[str, Any]
-    blob_contents: dict[str, bytes | list[bytes]] = field(default_factory=dict)
+    payload_json: str  # `payload` serialised once, for COPY
+    blob_refs: dict[str, Any] = field(default_factory=dict)
+    preview: str = ""
 
 
-def prepare_step(record: StepRecord) -> PreparedStep:
+def prepare_step(record: StepRecord, sink: BlobSink) -> PreparedStep:
     payload: dict[str, Any] = dict(record.payload)
-    blobs: dict[str, bytes | list[bytes]] = {}
+    refs: dict[str, Any] = {}
     for name in TEXT_FIELDS:
         value = getattr(record, name)
-        if value is None or value == "":
-            continue
+        if value is None or (name == "text" and value == ""):
+            continue  # "" is the default of `text` only; an empty output is kept as ""
         if len(value) > INLINE_LIMIT:
-            blobs[name] = value.encode()
+            refs[name] = sink.put(encode_text(value))
         else:
             payload[name] = value
-    for name in ("command", "tool_calls", "model", "latency_ms", "ttft_ms"):
+    for name in NAMED_FIELDS:
         value = getattr(record, name)
         if value is not None:
             payload[name] = value
     if record.request_messages is not None:
-        blobs["request_messages"] = [canonical_json(m.as_openai()) for m in record.request_messages]
+        refs["request_messages"] = [sink.put_message(m) for m in record.request_messages]
     if record.response_json is not None:
-        blobs["response_json"] = canonical_json(record.response_json)
-    return PreparedStep(record=record, payload=payload, blob_contents=blobs)
-
-
-def all_blob_contents(prepared: list[PreparedStep]) -> list[bytes]:
-    contents: list[bytes] = []
-    for item in prepared:
-        for value in item.blob_contents.values():
-            contents.extend(value if isinstance(value, list) else [value])
-    return contents
-
-
-def blob_refs_for(item: PreparedStep, digest_of: dict[bytes, str]) -> dict[str, Any]:
-    refs: dict[str, Any] = {}
-    for name, value in item.blob_contents.items():
-        refs[name] = [digest_of[v] for v in value] if isinstance(value, list) else digest_of[value]
-    return refs
+        refs["response_json"] = sink.put(canonical_json(record.response_json))
+    payload_json = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    if not storable(payload_json):
+        refs[PAYLOAD_BLOB] = sink.put(encode_text(payload_json))
+        payload, payload_json = {}, "{}"
+    return PreparedStep(record, payload, payload_json, refs, preview_of(record))
 
 
 def step_record_from_parts(
     *, kind: str, payload: dict[str, Any], blob_refs: dict[str, Any], blobs: dict[str, bytes], **columns: Any
 ) -> StepRecord:
     """The inverse of prepare_step: rebuild a StepRecord from a row's fields and its fetched blobs."""
+    if PAYLOAD_BLOB in blob_refs:
+        payload = json.loads(blobs[blob_refs[PAYLOAD_BLOB]])
     payload = dict(payload)
     texts = {name: payload.pop(name, None) for name in TEXT_FIELDS}
     for name in TEXT_FIELDS:
         if name in blob_refs:
-            texts[name] = blobs[blob_refs[name]].decode()
+            texts[name] = decode_text(blobs[blob_refs[name]])
     request_messages = None
     if "request_messages" in blob_refs:
         request_messages = [MessageRecord(**json.loads(blobs[h])) for h in blob_refs["request_messages"]]
     response_json = json.loads(blobs[blob_refs["response_json"]]) if "response_json" in blob_refs else None
-    named = {name: payload.pop(name, None) for name in ("command", "tool_calls", "model", "latency_ms", "ttft_ms")}
+    named = {name: payload.pop(name, None) for name in NAMED_FIELDS}
     return StepRecord(
         kind=kind,
         text=texts["text"] or "",
@@ -105,8 +164,11 @@ def step_record_from_parts(
     )
 
 
-def referenced_hashes(blob_refs: dict[str, Any]) -> list[str]:
+def referenced_hashes(blob_refs: dict[str, Any], *, context: bool = True) -> list[str]:
+    """Every blob a step refers to; without the request context when `context` is False."""
     hashes: list[str] = []
-    for value in blob_refs.values():
+    for name, value in blob_refs.items():
+        if name == "request_messages" and not context:
+            continue
         hashes.extend(value if isinstance(value, list) else [value])
     return hashes

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -20,9 +21,14 @@ pytest_plugins = [p for p in ("tests.kube.fixtures",) if (REPO / (p.replace(".",
 
 
 @pytest.fixture
-def sandbox_root(tmp_path_factory):
-    """A fresh sandbox root for the local backend, removed afterwards (after checking nothing is left)."""
-    root = tmp_path_factory.mktemp("sandboxes")
+def sandbox_root():
+    """A fresh sandbox root for the local backend, removed afterwards.
+
+    Made under /tmp with mode 0711 (not under pytest's 0700 basetemp) so the unprivileged host uid that
+    bubblewrap drops to can reach the workspaces.
+    """
+    root = Path(tempfile.mkdtemp(prefix="trove-sbx-", dir="/tmp"))
+    root.chmod(0o711)
     yield root
     shutil.rmtree(root, ignore_errors=True)
 

@@ -1,7 +1,12 @@
-"""Fleet operations that need a backend: provision, claim (warm or cold), exec with fencing, release.
+"""Fleet operations that need a backend: create, adopt, claim (warm or cold), exec with fencing, release,
+terminate.
 
 The database side of every transition is in `webapp.fleets.services`; this module sequences backend calls
 around it. A backend call never happens inside a database transaction (they can take seconds).
+
+The claim path is the hot one (a rollout waits on it): a warm claim is one transaction (SELECT ... FOR
+UPDATE SKIP LOCKED, UPDATE, INSERT of the lease event) plus one counter UPDATE, and never touches the
+backend; the first exec costs one fencing UPDATE before the agent call and one event INSERT after it.
 """
 
 from __future__ import annotations
@@ -11,20 +16,30 @@ import time
 from dataclasses import dataclass
 
 from webapp.fleets import services as fleet_services
-from webapp.fleets.models import Fleet, Sandbox
-from workers.sandboxes.base import ExecResult, SandboxError, SandboxHandle, SandboxSpec
-from workers.sandboxes.registry import get_backend
+from webapp.fleets.models import EnvironmentTemplate, Fleet, Sandbox
+from workers.sandboxes.base import ExecResult, SandboxError, SandboxHandle, SandboxSpec, SandboxStartFailed
+from workers.sandboxes.registry import destroy_is_final, get_backend
 
 log = logging.getLogger("trove.fleets")
 S = Sandbox.State
 DEFAULT_LEASE_S = 300
+WAIT_POLL_S = 0.05
+SETUP_TIMEOUT_S = 300.0
+LABEL_FLEET = "trove.dev/fleet"
+LABEL_SANDBOX = "trove.dev/sandbox"
+TERMINABLE = (*Sandbox.LIVE_STATES, S.FAILED, S.LOST)
+
+
+def fleet_labels(fleet_id: int) -> dict[str, str]:
+    return {LABEL_FLEET: str(fleet_id)}
 
 
 def spec_for(sandbox: Sandbox) -> SandboxSpec:
-    template = sandbox.fleet.template
+    """The spec of the template version the row was requested under (the fleet may have moved on since)."""
+    template = _template_of(sandbox)
     return SandboxSpec(
         name=sandbox.name,
-        labels={"trove.dev/fleet": str(sandbox.fleet_id), "trove.dev/sandbox": sandbox.name},
+        labels={**fleet_labels(sandbox.fleet_id), LABEL_SANDBOX: sandbox.name},
         image=template.image,
         rootfs=template.rootfs,
         cpu=template.cpu,
@@ -35,27 +50,100 @@ def spec_for(sandbox: Sandbox) -> SandboxSpec:
     )
 
 
-def sandbox_provision(*, fleet: Fleet, timeout: float = 60.0) -> Sandbox:
-    """requested -> provisioning -> warm (or failed with the backend's reason). Returns the row."""
-    sandbox = fleet_services.sandbox_request(fleet=fleet)
-    sandbox.fleet = fleet
-    fleet_services.sandbox_transition(sandbox=sandbox, to=S.PROVISIONING, expect=(S.REQUESTED,), reason="create")
-    backend = get_backend(fleet.backend)
+def _template_of(sandbox: Sandbox) -> EnvironmentTemplate:
+    return sandbox.template if sandbox.template_id else sandbox.fleet.template
+
+
+# --- creating ----------------------------------------------------------------------------------------------
+
+def sandbox_provision(*, fleet: Fleet, wait: bool = True, timeout: float | None = None) -> Sandbox:
+    """One new sandbox for the warm pool: warm on return with `wait`, else left `provisioning` for an observer
+    (the reconciler or `fleet_watch`) to adopt. Raises SandboxError (the row is failed and cleaned up), or
+    `fleet_full` when the fleet is at max_total."""
+    rows = fleet_services.sandboxes_request(fleet=fleet, n=1, creator_waits=wait)
+    if not rows:
+        raise SandboxError(f"fleet {fleet.name} is at max_total ({fleet.max_total})", reason="fleet_full")
+    return sandbox_create(sandbox=rows[0], wait=wait, timeout=timeout)
+
+
+def sandbox_create(*, sandbox: Sandbox, wait: bool, timeout: float | None = None, cold: bool = False) -> Sandbox:
+    """requested -> provisioning -> (with `wait`) ready, set up -> warm. A cold sandbox stays `provisioning`
+    with its endpoint filled in, for the caller to lease directly. Retrying with the same row cannot make a
+    second sandbox: the backend name is the row's."""
+    fleet_services.sandbox_transition(sandbox=sandbox, to=S.PROVISIONING, expect=(S.REQUESTED,),
+                                      reason="create sent to the backend")
+    backend = get_backend(sandbox.fleet.backend)
     try:
-        handle = backend.create(spec_for(sandbox), wait=True, timeout=timeout)
+        handle = backend.create(spec_for(sandbox), wait=wait, timeout=timeout or sandbox.fleet.provision_timeout_s)
+        if wait:
+            sandbox_setup(sandbox=sandbox, handle=handle)
     except SandboxError as error:
-        fleet_services.sandbox_transition(
-            sandbox=sandbox, to=S.FAILED, expect=(S.PROVISIONING,), reason=f"{error.reason}: {error}",
-            failure_reason=str(error)[:2000],
-        )
-        _destroy_quietly(fleet.backend, sandbox.name)
+        sandbox_fail(sandbox=sandbox, error=error, expect=(S.PROVISIONING,))
         raise
-    fleet_services.sandbox_transition(
-        sandbox=sandbox, to=S.WARM, expect=(S.PROVISIONING,), reason="agent ready",
-        endpoint=handle.endpoint, agent_secret=handle.secret,
-    )
+    if not wait:
+        return sandbox
+    if cold:
+        sandbox.endpoint, sandbox.agent_secret = handle.endpoint, handle.secret
+    else:
+        sandbox_mark_warm(sandbox=sandbox, handle=handle, reason="agent ready")
     return sandbox
 
+
+def sandbox_setup(*, sandbox: Sandbox, handle: SandboxHandle) -> None:
+    """Run the template's setup commands once, before the sandbox is handed out. A failing command is a
+    permanent error: the same template would fail the same way."""
+    commands = _template_of(sandbox).setup_commands
+    backend = get_backend(sandbox.fleet.backend) if commands else None
+    for command in commands:
+        result = backend.exec(handle, command, timeout=SETUP_TIMEOUT_S)  # type: ignore[union-attr]
+        fleet_services.sandbox_exec_recorded(sandbox=sandbox, command=command, exit_code=result.exit_code,
+                                             duration_ms=result.duration_ms, reason="template setup",
+                                             timed_out=result.timed_out)
+        if not result.ok:
+            raise SandboxStartFailed(f"setup command failed (exit {result.exit_code}): {command}: "
+                                     f"{result.stderr[-300:]}", reason="setup_failed", permanent=True)
+
+
+def sandbox_mark_warm(*, sandbox: Sandbox, handle: SandboxHandle, reason: str) -> bool:
+    return fleet_services.sandbox_transition(
+        sandbox=sandbox, to=S.WARM, expect=(S.REQUESTED, S.PROVISIONING), reason=reason,
+        endpoint=handle.endpoint, agent_secret=handle.secret, backend_reason="", creator_waits=False,
+    )
+
+
+def sandbox_adopt(*, sandbox: Sandbox, handle: SandboxHandle) -> bool:
+    """An observer saw the backend report a provisioning row's object ready: set it up and make it warm.
+    Only one observer adopts a row (a conditional UPDATE takes it), so setup never runs twice. The
+    observation may carry no secret (a watch does not read secrets): then it is read with get()."""
+    if not Sandbox.objects.filter(pk=sandbox.pk, state=S.PROVISIONING, creator_waits=False).update(creator_waits=True):
+        return False
+    try:
+        if not handle.secret or not handle.endpoint:
+            handle = get_backend(sandbox.fleet.backend).get(sandbox.name)
+        sandbox_setup(sandbox=sandbox, handle=handle)
+    except SandboxError as error:
+        sandbox_fail(sandbox=sandbox, error=error, expect=(S.PROVISIONING,))
+        return False
+    return sandbox_mark_warm(sandbox=sandbox, handle=handle, reason="backend reports it ready")
+
+
+def sandbox_fail(*, sandbox: Sandbox, error: SandboxError | str, expect: tuple[str, ...],
+                 permanent: bool = False, to: str = S.FAILED) -> bool:
+    """Mark the row failed (or lost) with the reason, then clean the backend up. True if this call moved it."""
+    if isinstance(error, SandboxError):
+        message, reason, permanent = f"{error.reason}: {error}", error.reason, error.permanent
+    else:
+        message, reason = error, ""
+    moved = fleet_services.sandbox_transition(
+        sandbox=sandbox, to=to, expect=expect, reason=message, failure_reason=message[:2000],
+        lease_holder="", lease_expires_at=None, data={"reason": reason, "permanent": permanent},
+    )
+    if moved:
+        _terminate_quietly(sandbox, f"cleanup after {to}")
+    return moved
+
+
+# --- claiming --------------------------------------------------------------------------------------------
 
 @dataclass
 class Lease:
@@ -64,6 +152,8 @@ class Lease:
     sandbox: Sandbox
     fencing_token: int
     holder: str
+    claim_ms: float = 0.0
+    executed: bool = False  # an exec already ran under this lease (the first one stamps first_exec_at)
 
     @property
     def handle(self) -> SandboxHandle:
@@ -71,77 +161,159 @@ class Lease:
                              secret=self.sandbox.agent_secret)
 
 
-def sandbox_claim(*, fleet: Fleet, holder: str, lease_seconds: int = DEFAULT_LEASE_S, wait_s: float = 2.0) -> Lease:
-    """A warm sandbox if one is there; otherwise, by fleet policy, wait briefly for a refill or create cold."""
-    sandbox = fleet_services.sandbox_claim_warm(fleet=fleet, holder=holder, lease_seconds=lease_seconds)
-    if sandbox is None and fleet.miss_policy == Fleet.MissPolicy.WAIT:
-        deadline = time.monotonic() + wait_s
-        while sandbox is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-            sandbox = fleet_services.sandbox_claim_warm(fleet=fleet, holder=holder, lease_seconds=lease_seconds)
+def sandbox_claim(*, fleet: Fleet, holder: str, lease_seconds: int = DEFAULT_LEASE_S,
+                  wait_s: float | None = None) -> Lease:
+    """A warm sandbox if one is there; otherwise (a miss, counted) by fleet policy wait up to `wait_s`
+    (default: the fleet's miss_wait_ms) for a refill, then create one cold. Raises SandboxError: transient
+    `fleet_full` / `fleet_draining` when a cold create is not allowed, or the create's own error."""
+    started = time.perf_counter()
+    sandbox = fleet_services.sandbox_claim_warm(fleet=fleet, holder=holder, lease_seconds=lease_seconds,
+                                                started=started)
+    fleet_services.fleet_count_claim(fleet_id=fleet.pk, hit=sandbox is not None)
     if sandbox is None:
-        sandbox = fleet_services.sandbox_lease_cold(
-            sandbox=sandbox_provision(fleet=fleet), holder=holder, lease_seconds=lease_seconds
-        )
-    sandbox.fleet = fleet
-    return Lease(sandbox=sandbox, fencing_token=sandbox.fencing_token, holder=holder)
+        sandbox = _claim_after_miss(fleet, holder, lease_seconds, wait_s, started)
+    return Lease(sandbox=sandbox, fencing_token=sandbox.fencing_token, holder=holder,
+                 claim_ms=(time.perf_counter() - started) * 1000)
 
+
+def _claim_after_miss(fleet: Fleet, holder: str, lease_seconds: int, wait_s: float | None,
+                      started: float) -> Sandbox:
+    current = Fleet.objects.select_related("template").get(pk=fleet.pk)  # policy and status may have changed
+    if current.status == Fleet.Status.DRAINING:
+        raise SandboxError(f"fleet {fleet.name} is draining", reason="fleet_draining")
+    if current.miss_policy == Fleet.MissPolicy.WAIT:
+        wait = current.miss_wait_ms / 1000 if wait_s is None else wait_s
+        sandbox = _wait_for_warm(current, holder, lease_seconds, wait, started)
+        if sandbox is not None:
+            return sandbox
+    return _claim_cold(current, holder, lease_seconds, started)
+
+
+def _wait_for_warm(fleet: Fleet, holder: str, lease_seconds: int, wait_s: float, started: float) -> Sandbox | None:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(WAIT_POLL_S)
+        sandbox = fleet_services.sandbox_claim_warm(fleet=fleet, holder=holder, lease_seconds=lease_seconds,
+                                                    started=started, claim="waited")
+        if sandbox is not None:
+            return sandbox
+    return None
+
+
+def _claim_cold(fleet: Fleet, holder: str, lease_seconds: int, started: float) -> Sandbox:
+    rows = fleet_services.sandboxes_request(fleet=fleet, n=1, creator_waits=True, cold=True)
+    if not rows:
+        raise SandboxError(f"fleet {fleet.name} is at max_total ({fleet.max_total}): no cold create",
+                           reason="fleet_full")
+    sandbox = sandbox_create(sandbox=rows[0], wait=True, cold=True)
+    if not fleet_services.sandbox_lease_cold(sandbox=sandbox, holder=holder, lease_seconds=lease_seconds,
+                                             started=started):
+        _terminate_quietly(sandbox, "cold sandbox taken away before its lease")
+        raise SandboxError(f"sandbox {sandbox.name} was reclaimed before it could be leased", reason="reclaimed")
+    return sandbox
+
+
+# --- using -----------------------------------------------------------------------------------------------
 
 def sandbox_exec(lease: Lease, command: str, *, timeout: float = 60.0, idle_timeout: float | None = None,
                  max_output: int = 64 * 1024, reason: str = "") -> ExecResult:
-    """Exec under the caller's lease; refused (StaleFencingToken) if the lease was superseded."""
-    fleet_services.sandbox_check_fence(sandbox_id=lease.sandbox.pk, fencing_token=lease.fencing_token)
-    backend = get_backend(lease.sandbox.fleet.backend)
-    result = backend.exec(lease.handle, command, timeout=timeout, idle_timeout=idle_timeout, max_output=max_output)
+    """Exec under the caller's lease; refused (StaleFencingToken) if the lease was superseded. Every exec is
+    logged, including one the agent could not run."""
+    sandbox = lease.sandbox
+    fleet_services.sandbox_fence(sandbox_id=sandbox.pk, fencing_token=lease.fencing_token,
+                                 first_exec=not lease.executed)
+    lease.executed = True
+    started = time.perf_counter()
+    try:
+        result = get_backend(sandbox.fleet.backend).exec(lease.handle, command, timeout=timeout,
+                                                         idle_timeout=idle_timeout, max_output=max_output)
+    except SandboxError as error:
+        fleet_services.sandbox_exec_recorded(
+            sandbox=sandbox, command=command, exit_code=None, duration_ms=(time.perf_counter() - started) * 1000,
+            reason=reason, fencing_token=lease.fencing_token, error=f"{error.reason}: {error}")
+        raise
     fleet_services.sandbox_exec_recorded(
-        sandbox=lease.sandbox, command=command, exit_code=result.exit_code, duration_ms=result.duration_ms,
-        reason=reason, timed_out=result.timed_out,
-    )
+        sandbox=sandbox, command=command, exit_code=result.exit_code, duration_ms=result.duration_ms,
+        reason=reason, timed_out=result.timed_out, fencing_token=lease.fencing_token)
     return result
 
 
 def sandbox_write_files(lease: Lease, files: dict[str, str]) -> None:
-    fleet_services.sandbox_check_fence(sandbox_id=lease.sandbox.pk, fencing_token=lease.fencing_token)
+    fleet_services.sandbox_fence(sandbox_id=lease.sandbox.pk, fencing_token=lease.fencing_token)
     backend = get_backend(lease.sandbox.fleet.backend)
     for path, text in files.items():
         backend.write_file(lease.handle, path, text.encode())
+    fleet_services.event_record(sandbox=lease.sandbox, kind="write_files", reason=f"{len(files)} file(s)",
+                                data={"paths": sorted(files)[:100], "fencing_token": lease.fencing_token})
 
 
 def sandbox_release(lease: Lease, *, reason: str = "released") -> None:
-    """End the lease. Single-use sandboxes are destroyed at once; nothing is left behind."""
+    """End the lease. Single-use sandboxes are destroyed at once; a reusable one whose spec is still the
+    fleet's goes back to the pool. A superseded lease releases nothing."""
     sandbox = lease.sandbox
-    moved = fleet_services.sandbox_transition(sandbox=sandbox, to=S.RELEASED, expect=(S.LEASED,), reason=reason)
+    moved = fleet_services.sandbox_transition(
+        sandbox=sandbox, to=S.RELEASED, expect=(S.LEASED,), where={"fencing_token": lease.fencing_token},
+        reason=reason, lease_holder="", lease_expires_at=None)
     if not moved:
         return  # already reclaimed by the reconciler, which destroys it
-    if sandbox.fleet.template.reusable:
-        fleet_services.sandbox_transition(sandbox=sandbox, to=S.WARM, expect=(S.RELEASED,), reason="reuse",
-                                          lease_holder="", lease_expires_at=None)
+    if _reusable_now(sandbox):
+        fleet_services.sandbox_transition(sandbox=sandbox, to=S.WARM, expect=(S.RELEASED,), reason="reuse")
         return
-    sandbox_terminate(sandbox=sandbox, reason="single-use")
+    sandbox_terminate(sandbox=sandbox, reason="single-use" if not _template_of(sandbox).reusable else "retired")
 
 
-def sandbox_terminate(*, sandbox: Sandbox, reason: str) -> None:
-    live = tuple(Sandbox.LIVE_STATES) + (S.FAILED, S.LOST)
-    fleet_services.sandbox_transition(sandbox=sandbox, to=S.TERMINATING, expect=live, reason=reason)
-    get_backend(sandbox.fleet.backend).destroy(sandbox.name)
-    fleet_services.sandbox_transition(sandbox=sandbox, to=S.TERMINATED, expect=(S.TERMINATING,), reason="destroyed")
+def _reusable_now(sandbox: Sandbox) -> bool:
+    fleet = Fleet.objects.select_related("template").get(pk=sandbox.fleet_id)
+    return (_template_of(sandbox).reusable and fleet.status == Fleet.Status.ACTIVE
+            and sandbox.spec_hash == fleet.template.spec_hash)
 
 
-def _destroy_quietly(backend_kind: str, name: str) -> None:
+# --- ending ----------------------------------------------------------------------------------------------
+
+def sandbox_terminate(*, sandbox: Sandbox, reason: str, expect: tuple[str, ...] = TERMINABLE) -> bool:
+    """-> terminating -> destroy -> terminated. False (and nothing done) if the row was not in `expect`, e.g.
+    another process is already terminating it. Raises SandboxError if the destroy failed: the row stays
+    `terminating` and the reconciler retries."""
+    if not fleet_services.sandbox_transition(sandbox=sandbox, to=S.TERMINATING, expect=expect, reason=reason,
+                                             lease_holder="", lease_expires_at=None):
+        return False
+    sandbox_destroy(sandbox=sandbox)
+    return True
+
+
+def sandbox_destroy(*, sandbox: Sandbox) -> None:
+    """Destroy a `terminating` row's object. Where the backend's destroy is final (local: it verifies that
+    nothing is left) the row becomes terminated now; on Kubernetes the pod lingers for its grace period, so
+    the row stays terminating (and keeps occupying capacity) until an observer sees the pod gone."""
+    kind = sandbox.fleet.backend
     try:
-        get_backend(backend_kind).destroy(name)
-    except SandboxError as error:  # the reconciler will find it by label
-        log.warning("destroy of %s after a failed create failed: %s", name, error)
+        get_backend(kind).destroy(sandbox.name)
+    except SandboxError as error:
+        fleet_services.event_record(sandbox=sandbox, kind="destroy_failed", reason=f"{error.reason}: {error}")
+        raise
+    if destroy_is_final(kind):
+        fleet_services.sandbox_transition(sandbox=sandbox, to=S.TERMINATED, expect=(S.TERMINATING,),
+                                          reason="destroyed")
+
+
+def _terminate_quietly(sandbox: Sandbox, reason: str) -> None:
+    try:
+        sandbox_terminate(sandbox=sandbox, reason=reason)
+    except SandboxError as error:  # the row stays terminating; the reconciler retries
+        log.warning("destroy of %s failed: %s", sandbox.name, error)
 
 
 def sandboxes_terminate_all(*, backend_kind: str = "local", reason: str = "shutdown") -> int:
     """Terminate every live sandbox on one backend (the embedded stack's exit: it owns them all)."""
     live = Sandbox.objects.filter(fleet__backend=backend_kind).exclude(state=S.TERMINATED).select_related(
-        "fleet__template")
+        "fleet__template", "template")
     count = 0
     for sandbox in live:
         try:
-            sandbox_terminate(sandbox=sandbox, reason=reason)
+            if sandbox.state == S.TERMINATING:
+                sandbox_destroy(sandbox=sandbox)
+            else:
+                sandbox_terminate(sandbox=sandbox, reason=reason)
             count += 1
         except SandboxError as error:
             log.warning("terminate %s at shutdown failed: %s", sandbox.name, error)

@@ -10,12 +10,14 @@ Choices, and why:
   actions; the final diff stands for them in the signature text.
 - **Normalisation** removes what changes between two executions of the same plan: line endings, runs of
   whitespace (indentation included — a re-indented edit is the same edit for dedup), quotes around a
-  whole word without spaces (`open "a.py"` is `open a.py`; `f(x="a")` keeps its quotes), per-run temp directories (`/tmp/tmpab12/x` →
-  `<TMP>/x`), home directories (→ `~`), UUIDs and hex ids of 7+ characters mixing letters and digits
-  (commit SHAs, container ids, md5s → `<HEX>`), and line numbers where they only position an editor
-  window or range (`edit 12:14`, `sed -n 10,20p`, `file.py:88`, `open f.py 1474`, `goto 50`,
-  `head -n 20`, tool arguments named like `view_range` / `start_line`). Plain numbers elsewhere stay:
-  `submit 125379498` is an answer.
+  whole word without spaces (`open "a.py"` is `open a.py`; `f(x="a")` keeps its quotes), per-run temp
+  directories (`/tmp/tmpab12/x` → `<TMP>/x`), home directories (→ `~`), UUIDs and hex ids of 7+
+  characters mixing letters and digits (commit SHAs, container ids, md5s → `<HEX>`), and line numbers
+  where they only position an editor window or range (`edit 12:14`, `sed -n 10,20p`, `file.py:88`,
+  `open f.py 1474`, `goto 50`, `head -n 20`, tool arguments named like `view_range` / `start_line`).
+  Plain numbers elsewhere stay: `submit 125379498` is an answer. A repository root written out
+  (`/SWE-agent__test-repo/tests/x.py` against `tests/x.py`) is not recognised: the near-duplicate
+  search absorbs that.
 - **The exact hash** is sha256 over a versioned JSON of `[task_key, actions]`, so runs of different tasks
   never share a hash, and a change of the rules (bump `SIGNATURE_VERSION`) never matches old hashes. A run
   with no actions hashes to "this task, nothing done", shared by all such runs of the task.

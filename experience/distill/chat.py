@@ -43,10 +43,10 @@ def rebuild_conversation(record: TrajectoryRecord, decisions: list[Decision]) ->
     for index, step in enumerate(record.steps):
         entries.extend(_step_entries(record, index, step, owner.get(index)))
     if record.instruction and not _carries_task(entries, record.instruction):
-        leading_system = next(
-            (i for i, e in enumerate(entries) if e.message["role"] != "system"), len(entries)
-        )
-        entries.insert(leading_system, Entry(-1, {"role": "user", "content": record.instruction}, None))
+        at = next((i for i, e in enumerate(entries) if e.message["role"] != "system"), len(entries))
+        # It takes the step index of the system message before it, so entries stay sorted by step.
+        step_index = entries[at - 1].step_index if at else -1
+        entries.insert(at, Entry(step_index, {"role": "user", "content": record.instruction}, None))
     return entries
 
 

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import zstandard
+from django.db import transaction
+from django.utils import timezone
 
 from experience.models import Blob
+from experience.services.bulk import copy_then_insert_ignoring_conflicts, is_postgres
 
 # Below this size compression rarely pays for its CPU; above it, text compresses 3-10x.
 COMPRESS_MIN_BYTES = 512
+_LOOKUP_CHUNK = 5000  # digests per "which of these exist" query (SQLite caps bound parameters)
 _compressor = zstandard.ZstdCompressor(level=3)
 _decompressor = zstandard.ZstdDecompressor()
+_COLUMNS = ("sha256", "size", "encoding", "data", "created_at")
 
 
 def sha256_hex(content: bytes) -> str:
@@ -35,17 +40,42 @@ def blob_put_many(contents: Iterable[bytes]) -> list[str]:
         digest = sha256_hex(content)
         hashes.append(digest)
         pending.setdefault(digest, content)
-    if pending:
-        existing = set(Blob.objects.filter(sha256__in=list(pending)).values_list("sha256", flat=True))
-        new_rows = []
-        for digest, content in pending.items():
-            if digest in existing:
-                continue
-            encoding, data = _encode(content)
-            new_rows.append(Blob(sha256=digest, size=len(content), encoding=encoding, data=data))
-        # ignore_conflicts: a concurrent writer may store the same content between our read and write.
-        Blob.objects.bulk_create(new_rows, ignore_conflicts=True, batch_size=500)
+    blobs_store(pending)
     return hashes
+
+
+def blobs_store(contents: Mapping[str, bytes]) -> int:
+    """Store the contents (keyed by their sha256) that are not stored yet. Returns how many were new.
+
+    Idempotent and safe under concurrency: a content a concurrent writer stores first is kept once.
+    """
+    missing = _missing(contents)
+    if not missing:
+        return 0
+    with transaction.atomic():
+        if is_postgres():
+            now = timezone.now()
+            rows = ((d, len(contents[d]), *_encode(contents[d]), now) for d in sorted(missing))
+            copy_then_insert_ignoring_conflicts("experience_blob", _COLUMNS, rows, conflict="sha256")
+        else:
+            Blob.objects.bulk_create(
+                [_row(d, contents[d]) for d in sorted(missing)], ignore_conflicts=True, batch_size=500
+            )
+    return len(missing)
+
+
+def _missing(contents: Mapping[str, bytes]) -> list[str]:
+    digests = list(contents)
+    existing: set[str] = set()
+    for start in range(0, len(digests), _LOOKUP_CHUNK):
+        chunk = digests[start : start + _LOOKUP_CHUNK]
+        existing.update(Blob.objects.filter(sha256__in=chunk).values_list("sha256", flat=True))
+    return [d for d in digests if d not in existing]
+
+
+def _row(digest: str, content: bytes) -> Blob:
+    encoding, data = _encode(content)
+    return Blob(sha256=digest, size=len(content), encoding=encoding, data=data)
 
 
 def blob_put(content: bytes) -> str:
@@ -59,7 +89,11 @@ def _decode(blob: Blob) -> bytes:
 
 def blob_get_many(hashes: Iterable[str]) -> dict[str, bytes]:
     wanted = list(dict.fromkeys(hashes))
-    return {blob.sha256: _decode(blob) for blob in Blob.objects.filter(sha256__in=wanted)}
+    found: dict[str, bytes] = {}
+    for start in range(0, len(wanted), _LOOKUP_CHUNK):
+        chunk = wanted[start : start + _LOOKUP_CHUNK]
+        found.update((blob.sha256, _decode(blob)) for blob in Blob.objects.filter(sha256__in=chunk))
+    return found
 
 
 def blob_get(digest: str) -> bytes:

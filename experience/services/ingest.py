@@ -1,69 +1,283 @@
-"""Writing runs into the store: create a trajectory, append steps (idempotent), finish it, import whole runs.
+"""Writing runs into the store: whole runs in bulk (imports, the API), and the live path (open a run, append
+steps as they happen, finish it).
 
-Concurrency: the built-in harness (command steps) and the recording proxy (model calls) append to the same
-trajectory from different threads or processes. Step numbers are handed out under a row lock on the
-trajectory, and if a step arrives late (its start time is earlier than steps already stored) the
-trajectory's steps are renumbered so `seq` always follows time.
+Bulk (`trajectories_ingest_many`, `trajectory_ingest`): every record is validated before anything is
+written, and a batch is written in one transaction, so a malformed batch writes nothing. Idempotent on
+(source, source_ref): a run already stored is skipped, so re-sending a batch or re-importing a file adds
+nothing. On Postgres, blobs and steps go in with COPY; elsewhere (SQLite) with bulk_create.
+
+Live (`trajectory_open`, `steps_append`, `trajectory_finish`): the built-in harness (command steps) and the
+recording proxy (model calls) append to the same trajectory from different threads or processes. Step
+numbers are handed out under a row lock on the trajectory, and if a step arrives late (its start time is
+earlier than steps already stored) the trajectory's steps are renumbered so `seq` always follows time.
+`steps_append` is idempotent on call ids, and on (trajectory, seq) when the caller numbers its steps.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
+from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.db.models import Count, F, Max, Q, Sum
 from django.utils import timezone
 
+from experience.dedup.signature import exact_hash
 from experience.errors import LimitExceeded, NotFound, ValidationError
+from experience.importers.base import Location
+from experience.importers.errors import ImportValidationError
+from experience.importers.validate import validate_record
 from experience.models import Step, Trajectory
 from experience.records import STEP_KINDS, TRAJECTORY_STATUSES, StepRecord, TrajectoryRecord
-from experience.services.blobs import blob_put_many, sha256_hex
-from experience.steps import all_blob_contents, blob_refs_for, preview_of, prepare_step
+from experience.services.blobs import blob_put_many, blobs_store, sha256_hex
+from experience.services.bulk import copy_rows, is_postgres
+from experience.services.stored import record_of, stored_step_records
+from experience.steps import BlobSink, PreparedStep, prepare_step, storable
 
 # Steps are renumbered by first moving them out of the way; numbers never reach this in one trajectory.
 _RENUMBER_OFFSET = 1_000_000_000
+# A batch that loses a race (a concurrent writer stored the same run, or a deadlock on a shared blob) is
+# retried: the second pass sees the other writer's rows and skips them.
+_ATTEMPTS = 3
+_STEP_COLUMNS = (
+    "trajectory_id", "seq", "kind", "started_at", "ended_at", "duration_ms", "tokens_in", "tokens_out",
+    "exit_code", "is_error", "call_id", "preview", "payload", "blob_refs",
+)
+_LIMITED_STEP_TEXT = ("text", "output", "response_text", "command")
+_STORED_TEXT = ("source", "source_ref", "source_format", "source_version", "task_key", "task_set",
+                "instruction", "harness", "model", "final_diff")
 
 
-def validate_step(record: StepRecord, *, index: int) -> None:
-    where = f"steps[{index}]"
+@dataclass(frozen=True)
+class IngestOutcome:
+    """What happened to one record of a batch: stored now (`created`), or already there."""
+
+    trajectory_id: int
+    created: bool
+    source: str
+    source_ref: str
+
+
+# ---------------------------------------------------------------- validation
+
+
+def validate_step(record: StepRecord, *, index: int, where: str = "") -> None:
+    """The store's own rules for one step (kind, content length, times); raises naming the field."""
+    at = f"{where}steps[{index}]"
     if record.kind not in STEP_KINDS:
-        raise ValidationError(f"{where}.kind: {record.kind!r} is not one of {', '.join(STEP_KINDS)}", field=f"{where}.kind")
+        raise ValidationError(f"{at}.kind: {record.kind!r} is not one of {', '.join(STEP_KINDS)}", field=f"{at}.kind")
     limit = settings.TROVE_MAX_CONTENT_CHARS
-    for name in ("text", "output", "response_text", "command"):
+    for name in _LIMITED_STEP_TEXT:
         value = getattr(record, name)
         if value is not None and not isinstance(value, str):
-            raise ValidationError(f"{where}.{name}: must be text", field=f"{where}.{name}")
+            raise ValidationError(f"{at}.{name}: must be text", field=f"{at}.{name}")
         if value is not None and len(value) > limit:
-            raise LimitExceeded(f"{where}.{name}: {len(value)} characters exceeds the limit of {limit}", field=f"{where}.{name}")
+            raise LimitExceeded(f"{at}.{name}: {len(value)} characters exceeds the limit of {limit}", field=f"{at}.{name}")
     if record.started_at and record.ended_at and record.ended_at < record.started_at:
-        raise ValidationError(f"{where}.ended_at: earlier than started_at", field=f"{where}.ended_at")
+        raise ValidationError(f"{at}.ended_at: earlier than started_at", field=f"{at}.ended_at")
 
 
-def validate_trajectory(record: TrajectoryRecord) -> None:
+def validate_trajectory(record: TrajectoryRecord, *, where: str = "") -> None:
+    """Everything a record must satisfy before any of it is written: required fields, types (the same
+    full check importers apply), the store's limits, and text Postgres can keep. Raises naming the field,
+    prefixed with `where` (e.g. "trajectories[3].")."""
+    _check_shape(record, where)
+    if record.status not in TRAJECTORY_STATUSES:
+        raise ValidationError(f"{where}status: {record.status!r} is not one of {', '.join(TRAJECTORY_STATUSES)}",
+                              field=f"{where}status")
+    limit = settings.TROVE_MAX_STEPS_PER_TRAJECTORY
+    if len(record.steps) > limit:
+        raise LimitExceeded(f"{where}steps: {len(record.steps)} exceeds the limit of {limit} per trajectory",
+                            field=f"{where}steps")
+    _check_run_text(record, where)
+    for index, step in enumerate(record.steps):
+        validate_step(step, index=index, where=where)
+    _check_types(record, where)
+
+
+def _check_shape(record: Any, where: str) -> None:
+    if not isinstance(record, TrajectoryRecord):
+        raise ValidationError(f"{where.rstrip('.') or 'record'}: not a trajectory record", field=where.rstrip(".") or None)
     for name in ("source", "source_ref", "task_key"):
         if not getattr(record, name):
-            raise ValidationError(f"{name}: required", field=name)
-    if record.status not in TRAJECTORY_STATUSES:
-        raise ValidationError(f"status: {record.status!r} is not one of {', '.join(TRAJECTORY_STATUSES)}", field="status")
-    if len(record.steps) > settings.TROVE_MAX_STEPS_PER_TRAJECTORY:
-        raise LimitExceeded(
-            f"steps: {len(record.steps)} exceeds the limit of {settings.TROVE_MAX_STEPS_PER_TRAJECTORY} per trajectory",
-            field="steps",
-        )
-    for index, step in enumerate(record.steps):
-        validate_step(step, index=index)
+            raise ValidationError(f"{where}{name}: required", field=f"{where}{name}")
+    if not isinstance(record.steps, list):
+        raise ValidationError(f"{where}steps: must be a list", field=f"{where}steps")
 
 
-def trajectory_open(*, record: TrajectoryRecord) -> Trajectory:
-    """Create the trajectory row for a run that is starting (steps come later). Idempotent on source_ref."""
-    validate_trajectory(record)
-    trajectory, _ = Trajectory.objects.get_or_create(
-        source=record.source, source_ref=record.source_ref, defaults=_trajectory_fields(record)
+def _check_run_text(record: TrajectoryRecord, where: str) -> None:
+    limit = settings.TROVE_MAX_CONTENT_CHARS
+    for name in _STORED_TEXT:
+        value = getattr(record, name)
+        if not isinstance(value, str):
+            continue  # _check_types names it
+        if len(value) > limit:
+            raise LimitExceeded(f"{where}{name}: {len(value)} characters exceeds the limit of {limit}", field=f"{where}{name}")
+        if not storable(value):
+            raise ValidationError(f"{where}{name}: contains a NUL character or invalid Unicode", field=f"{where}{name}")
+    if isinstance(record.metadata, dict) and not storable(json.dumps(record.metadata, ensure_ascii=False, default=str)):
+        raise ValidationError(f"{where}metadata: contains a NUL character or invalid Unicode", field=f"{where}metadata")
+
+
+def _check_types(record: TrajectoryRecord, where: str, *, step_index: int | None = None) -> None:
+    """The importers' full type check (experience.importers.validate), its error renamed for this caller."""
+    try:
+        validate_record(record, Location(Path("record")))
+    except ImportValidationError as error:
+        field = error.field or ""
+        problem = error.problem.removeprefix(f"field '{field}' ")
+        if step_index is not None:  # a one-step probe record: its step 0 is the caller's step_index
+            field = field.replace("steps[0]", f"steps[{step_index}]", 1)
+        name = f"{where}{field}" if field else where.rstrip(".") or "record"
+        raise ValidationError(f"{name}: {problem}", field=name) from None
+
+
+def _is_race(error: Exception) -> bool:
+    """A unique key taken by a concurrent writer, or a deadlock / serialization failure between two."""
+    if isinstance(error, IntegrityError):
+        return True
+    return getattr(error.__cause__, "sqlstate", None) in ("40P01", "40001")
+
+
+# ---------------------------------------------------------------- bulk ingest
+
+
+def trajectory_ingest(*, record: TrajectoryRecord, original: bytes | None = None) -> tuple[Trajectory, bool]:
+    """Store a whole finished run (import or API). All or nothing; a run already stored is left as is.
+
+    `original` is the file the run was read from, kept as a blob. Returns (trajectory, created).
+    """
+    original_blob = blob_put_many([original])[0] if original is not None else ""
+    outcome = trajectories_ingest_many(records=[record], original_blob=original_blob, field_prefix="")[0]
+    return Trajectory.objects.get(pk=outcome.trajectory_id), outcome.created
+
+
+def trajectories_ingest_many(
+    *,
+    records: Sequence[TrajectoryRecord],
+    original_blob: str = "",
+    field_prefix: str = "trajectories[{index}].",
+    index_offset: int = 0,
+) -> list[IngestOutcome]:
+    """Store many whole runs at once; one outcome per record, in order.
+
+    Validates every record first, then writes in one transaction: all of the batch or none of it.
+    Errors name the field, e.g. "trajectories[3].steps[7].kind" (`field_prefix` formatted with the record's
+    index plus `index_offset`, for a caller feeding a longer stream in batches). Idempotent on
+    (source, source_ref): a run already stored, or repeated within the batch, is not written again.
+    `original_blob` (the sha256 of an already stored file) is recorded on every run created.
+    """
+    for index, record in enumerate(records):
+        validate_trajectory(record, where=field_prefix.format(index=index + index_offset))
+    for attempt in range(_ATTEMPTS):
+        try:
+            with transaction.atomic():
+                return _write_batch(records, original_blob)
+        except (IntegrityError, OperationalError) as error:
+            if attempt == _ATTEMPTS - 1 or not _is_race(error):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _write_batch(records: Sequence[TrajectoryRecord], original_blob: str) -> list[IngestOutcome]:
+    known = _existing_ids(records)
+    fresh: dict[tuple[str, str], TrajectoryRecord] = {}
+    for record in records:
+        key = (record.source, record.source_ref)
+        if key not in known:
+            fresh.setdefault(key, record)
+    if fresh:
+        known.update(_insert_runs(list(fresh.values()), original_blob))
+    created_keys = set(fresh)
+    outcomes = []
+    for record in records:
+        key = (record.source, record.source_ref)
+        outcomes.append(IngestOutcome(known[key], key in created_keys, *key))
+        created_keys.discard(key)  # a run repeated within the batch is created once
+    return outcomes
+
+
+def _existing_ids(records: Sequence[TrajectoryRecord]) -> dict[tuple[str, str], int]:
+    wanted = {(r.source, r.source_ref) for r in records}
+    refs = sorted({ref for _, ref in wanted})
+    found: dict[tuple[str, str], int] = {}
+    for start in range(0, len(refs), 1000):
+        rows = Trajectory.objects.filter(source_ref__in=refs[start : start + 1000])
+        for pk, source, ref in rows.values_list("pk", "source", "source_ref"):
+            if (source, ref) in wanted:
+                found[(source, ref)] = pk
+    return found
+
+
+def _insert_runs(records: list[TrajectoryRecord], original_blob: str) -> dict[tuple[str, str], int]:
+    sink = BlobSink()
+    prepared = [[prepare_step(step, sink) for step in record.steps] for record in records]
+    blobs_store(sink.contents)
+    rows = Trajectory.objects.bulk_create(
+        [_trajectory_row(record, original_blob) for record in records], batch_size=500
     )
-    return trajectory
+    _insert_steps([(row.pk, steps) for row, steps in zip(rows, prepared, strict=True)])
+    return {(row.source, row.source_ref): row.pk for row in rows}
+
+
+def _trajectory_row(record: TrajectoryRecord, original_blob: str) -> Trajectory:
+    return Trajectory(
+        source=record.source,
+        source_ref=record.source_ref,
+        original_blob=original_blob,
+        next_seq=len(record.steps),
+        content_hash=exact_hash(record),
+        **_trajectory_fields(record),
+        **_totals(record.steps, record.metadata),
+        duration_s=_duration(record.started_at, record.finished_at),
+    )
+
+
+def _insert_steps(runs: list[tuple[int, list[PreparedStep]]]) -> None:
+    if is_postgres():
+        copy_rows("experience_step", _STEP_COLUMNS, (
+            _copy_row(trajectory_id, seq, item) for trajectory_id, steps in runs for seq, item in enumerate(steps)
+        ))
+        return
+    Step.objects.bulk_create([
+        _step_row(trajectory_id, seq, item) for trajectory_id, steps in runs for seq, item in enumerate(steps)
+    ])
+
+
+def _copy_row(trajectory_id: int, seq: int, item: PreparedStep) -> tuple:
+    r = item.record
+    return (
+        trajectory_id, seq, r.kind, r.started_at, r.ended_at, r.duration_ms, r.tokens_in, r.tokens_out,
+        r.exit_code, r.is_error, r.call_id, item.preview, item.payload_json, json.dumps(item.blob_refs),
+    )
+
+
+def _step_row(trajectory_id: int, seq: int, item: PreparedStep, *, derive_duration: bool = False) -> Step:
+    record = item.record
+    duration = record.duration_ms
+    if derive_duration and duration is None and record.started_at and record.ended_at:
+        duration = (record.ended_at - record.started_at).total_seconds() * 1000
+    return Step(
+        trajectory_id=trajectory_id,
+        seq=seq,
+        kind=record.kind,
+        started_at=record.started_at,
+        ended_at=record.ended_at,
+        duration_ms=duration,
+        tokens_in=record.tokens_in,
+        tokens_out=record.tokens_out,
+        exit_code=record.exit_code,
+        is_error=record.is_error,
+        call_id=record.call_id,
+        preview=item.preview,
+        payload=item.payload,
+        blob_refs=item.blob_refs,
+    )
 
 
 def _trajectory_fields(record: TrajectoryRecord) -> dict:
@@ -86,55 +300,109 @@ def _trajectory_fields(record: TrajectoryRecord) -> dict:
     }
 
 
-def steps_append(*, trajectory_id: int, steps: Sequence[StepRecord]) -> list[Step]:
+def _totals(steps: Sequence[StepRecord], metadata: dict[str, Any]) -> dict[str, int]:
+    """Step and token counts. Sources that report tokens only per run (SWE-agent) put them in
+    metadata["usage"]; those totals are used when no step carries a count of its own."""
+    tokens_in = [s.tokens_in for s in steps if s.tokens_in is not None]
+    tokens_out = [s.tokens_out for s in steps if s.tokens_out is not None]
+    usage = metadata.get("usage") if isinstance(metadata, dict) else None
+    return {
+        "n_steps": len(steps),
+        "n_model_calls": sum(1 for s in steps if s.kind == "model_call"),
+        "tokens_in": sum(tokens_in) if tokens_in else _usage_count(usage, "tokens_in"),
+        "tokens_out": sum(tokens_out) if tokens_out else _usage_count(usage, "tokens_out"),
+    }
+
+
+def _usage_count(usage: Any, name: str) -> int:
+    value = usage.get(name) if isinstance(usage, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _duration(started: datetime | None, finished: datetime | None) -> float | None:
+    return (finished - started).total_seconds() if started and finished else None
+
+
+# ---------------------------------------------------------------- the live path
+
+
+def trajectory_open(*, record: TrajectoryRecord) -> Trajectory:
+    """Create the trajectory row for a run that is starting (steps come later). Idempotent on source_ref."""
+    validate_trajectory(record)
+    trajectory, _ = Trajectory.objects.get_or_create(
+        source=record.source, source_ref=record.source_ref, defaults=_trajectory_fields(record)
+    )
+    return trajectory
+
+
+def steps_append(*, trajectory_id: int, steps: Sequence[StepRecord], first_seq: int | None = None) -> list[Step]:
     """Append steps in the given order. Idempotent on `call_id`: a call already stored is skipped.
 
-    Validates every step before writing any; writes blobs, then steps, in one transaction.
+    With `first_seq`, the steps are numbered first_seq, first_seq + 1, ... and those numbers already
+    stored are skipped, so a client that retries a chunk of numbered steps adds each once; a chunk that
+    would leave a gap is refused. Validates every step before writing any; writes blobs, then steps, in
+    one transaction.
     """
     for index, step in enumerate(steps):
         validate_step(step, index=index)
-    prepared = [prepare_step(step) for step in steps]
-    contents = all_blob_contents(prepared)
-    digests = blob_put_many(contents)
-    digest_of = dict(zip(contents, digests, strict=True))
-    try:
-        return _insert_steps(trajectory_id, prepared, digest_of)
-    except IntegrityError:
-        # A concurrent writer stored one of our call ids between our check and insert: retry once,
-        # the duplicate is now visible and gets skipped.
-        return _insert_steps(trajectory_id, prepared, digest_of)
+        probe = TrajectoryRecord(source="x", source_format="x", source_ref="x", task_key="x", steps=[step])
+        _check_types(probe, "", step_index=index)
+    if first_seq is not None and first_seq < 0:
+        raise ValidationError("first_seq: must be 0 or more", field="first_seq")
+    sink = BlobSink()
+    prepared = [prepare_step(step, sink) for step in steps]
+    for attempt in range(2):
+        try:
+            with transaction.atomic():
+                blobs_store(sink.contents)
+                return _append(trajectory_id, prepared, first_seq)
+        except IntegrityError:
+            # A concurrent writer stored one of our call ids between our check and insert: retry once,
+            # the duplicate is now visible and gets skipped.
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
 
 
-def _insert_steps(trajectory_id: int, prepared: list, digest_of: dict[bytes, str]) -> list[Step]:
-    with transaction.atomic():
-        trajectory = _locked(trajectory_id)
-        call_ids = [p.record.call_id for p in prepared if p.record.call_id]
-        seen = set(
-            Step.objects.filter(trajectory_id=trajectory_id, call_id__in=call_ids).values_list("call_id", flat=True)
-        ) if call_ids else set()
-        fresh = []
-        for item in prepared:
-            if item.record.call_id and item.record.call_id in seen:
-                continue
-            if item.record.call_id:
-                seen.add(item.record.call_id)
-            fresh.append(item)
-        if not fresh:
-            return []
-        if trajectory.next_seq + len(fresh) > settings.TROVE_MAX_STEPS_PER_TRAJECTORY:
-            raise LimitExceeded(
-                f"trajectory {trajectory_id} would exceed {settings.TROVE_MAX_STEPS_PER_TRAJECTORY} steps",
-                field="steps",
+def _append(trajectory_id: int, prepared: list[PreparedStep], first_seq: int | None) -> list[Step]:
+    trajectory = _locked(trajectory_id)
+    if first_seq is not None:
+        if first_seq > trajectory.next_seq:
+            raise ValidationError(
+                f"first_seq: {first_seq} would leave a gap; the trajectory's next step is {trajectory.next_seq}",
+                field="first_seq",
             )
-        latest = _latest_start(trajectory_id)
-        rows = [_step_row(trajectory_id, trajectory.next_seq + i, item, digest_of) for i, item in enumerate(fresh)]
-        created = Step.objects.bulk_create(rows)
-        trajectory.next_seq += len(rows)
-        Trajectory.objects.filter(pk=trajectory_id).update(next_seq=trajectory.next_seq)
-        earliest_new = min((r.started_at for r in rows if r.started_at), default=None)
-        if latest and earliest_new and earliest_new < latest:
-            _renumber_by_time(trajectory_id)
-        return created
+        prepared = prepared[trajectory.next_seq - first_seq :]
+    fresh = _not_yet_stored(trajectory_id, prepared)
+    if not fresh:
+        return []
+    if trajectory.next_seq + len(fresh) > settings.TROVE_MAX_STEPS_PER_TRAJECTORY:
+        raise LimitExceeded(
+            f"trajectory {trajectory_id} would exceed {settings.TROVE_MAX_STEPS_PER_TRAJECTORY} steps", field="steps"
+        )
+    latest = _latest_start(trajectory_id)
+    rows = [_step_row(trajectory_id, trajectory.next_seq + i, item, derive_duration=True) for i, item in enumerate(fresh)]
+    created = Step.objects.bulk_create(rows)
+    Trajectory.objects.filter(pk=trajectory_id).update(next_seq=trajectory.next_seq + len(rows))
+    earliest_new = min((r.started_at for r in rows if r.started_at), default=None)
+    if latest and earliest_new and earliest_new < latest:
+        _renumber_by_time(trajectory_id)
+    return created
+
+
+def _not_yet_stored(trajectory_id: int, prepared: list[PreparedStep]) -> list[PreparedStep]:
+    call_ids = [p.record.call_id for p in prepared if p.record.call_id]
+    seen = set(
+        Step.objects.filter(trajectory_id=trajectory_id, call_id__in=call_ids).values_list("call_id", flat=True)
+    ) if call_ids else set()
+    fresh = []
+    for item in prepared:
+        if item.record.call_id and item.record.call_id in seen:
+            continue
+        if item.record.call_id:
+            seen.add(item.record.call_id)
+        fresh.append(item)
+    return fresh
 
 
 def _locked(trajectory_id: int) -> Trajectory:
@@ -146,29 +414,6 @@ def _locked(trajectory_id: int) -> Trajectory:
 
 def _latest_start(trajectory_id: int) -> datetime | None:
     return Step.objects.filter(trajectory_id=trajectory_id).aggregate(m=Max("started_at"))["m"]
-
-
-def _step_row(trajectory_id: int, seq: int, item, digest_of: dict[bytes, str]) -> Step:
-    record: StepRecord = item.record
-    duration = record.duration_ms
-    if duration is None and record.started_at and record.ended_at:
-        duration = (record.ended_at - record.started_at).total_seconds() * 1000
-    return Step(
-        trajectory_id=trajectory_id,
-        seq=seq,
-        kind=record.kind,
-        started_at=record.started_at,
-        ended_at=record.ended_at,
-        duration_ms=duration,
-        tokens_in=record.tokens_in,
-        tokens_out=record.tokens_out,
-        exit_code=record.exit_code,
-        is_error=record.is_error,
-        call_id=record.call_id,
-        preview=preview_of(record),
-        payload=item.payload,
-        blob_refs=blob_refs_for(item, digest_of),
-    )
 
 
 def _renumber_by_time(trajectory_id: int) -> None:
@@ -216,49 +461,27 @@ def _recount(trajectory: Trajectory) -> None:
         tin=Sum("tokens_in"),
         tout=Sum("tokens_out"),
     )
+    usage = trajectory.metadata.get("usage") if isinstance(trajectory.metadata, dict) else None
     trajectory.n_steps = totals["n"] or 0
     trajectory.n_model_calls = totals["calls"] or 0
-    trajectory.tokens_in = totals["tin"] or 0
-    trajectory.tokens_out = totals["tout"] or 0
-    if trajectory.started_at and trajectory.finished_at:
-        trajectory.duration_s = (trajectory.finished_at - trajectory.started_at).total_seconds()
+    trajectory.tokens_in = totals["tin"] if totals["tin"] is not None else _usage_count(usage, "tokens_in")
+    trajectory.tokens_out = totals["tout"] if totals["tout"] is not None else _usage_count(usage, "tokens_out")
+    trajectory.duration_s = _duration(trajectory.started_at, trajectory.finished_at)
     trajectory.content_hash = _action_hash(trajectory)
 
 
 def _action_hash(trajectory: Trajectory) -> str:
-    """sha256 of the ordered actions (commands, tool calls) and the task: equal runs hash equal."""
-    digest = hashlib.sha256(trajectory.task_key.encode())
-    actions = Step.objects.filter(trajectory_id=trajectory.pk, kind__in=("command", "tool_call")).order_by("seq")
-    for payload in actions.values_list("payload", flat=True):
-        digest.update(b"\x00" + str(payload.get("command") or payload.get("tool_calls") or "").encode())
-    return digest.hexdigest()
-
-
-def trajectory_ingest(*, record: TrajectoryRecord, original: bytes | None = None) -> tuple[Trajectory, bool]:
-    """Store a whole finished run (import or API). All or nothing; a run already stored is left as is.
-
-    Returns (trajectory, created).
-    """
-    validate_trajectory(record)
-    existing = Trajectory.objects.filter(source=record.source, source_ref=record.source_ref).first()
-    if existing:
-        return existing, False
-    with transaction.atomic():
-        fields = _trajectory_fields(record)
-        if original is not None:
-            fields["original_blob"] = blob_put_many([original])[0]
-        trajectory = Trajectory.objects.create(source=record.source, source_ref=record.source_ref, **fields)
-        if record.steps:
-            steps_append(trajectory_id=trajectory.pk, steps=record.steps)
-        trajectory.refresh_from_db()
-        _recount(trajectory)
-        trajectory.save()
-    return trajectory, True
+    """The exact-dedup hash (experience.dedup.signature.exact_hash) of the stored run's actions."""
+    steps = list(Step.objects.filter(trajectory_id=trajectory.pk, kind__in=("command", "tool_call", "model_call"))
+                 .order_by("seq"))
+    return exact_hash(record_of(trajectory, stored_step_records(steps, context=False)))
 
 
 __all__ = [
+    "IngestOutcome",
     "sha256_hex",
     "steps_append",
+    "trajectories_ingest_many",
     "trajectory_finish",
     "trajectory_ingest",
     "trajectory_open",

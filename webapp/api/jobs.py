@@ -19,8 +19,7 @@ from rest_framework.views import APIView
 from experience.errors import Conflict
 from webapp.dashboard.live import JobLiveApi
 from webapp.rollouts import selectors, services
-from webapp.rollouts.models import Rollout, RolloutJob
-from webapp.rollouts.sampling import POLICIES
+from webapp.rollouts.models import Rollout, RolloutJob, TaskSet
 from webapp.rollouts.taskset_import import taskset_import_jsonl
 
 SECRET_FIELDS = ("api_key", "openai_api_key", "key", "secret")
@@ -46,7 +45,7 @@ class JobSubmitSerializer(serializers.Serializer):
     max_tokens = serializers.IntegerField(min_value=1, required=False, allow_null=True)
     wall_time_s = serializers.IntegerField(min_value=1, required=False)
     concurrency = serializers.IntegerField(min_value=1, required=False)
-    sampling = serializers.ChoiceField(choices=POLICIES, default="uniform")
+    sampling = serializers.ChoiceField(choices=RolloutJob.Sampling.choices, default=RolloutJob.Sampling.UNIFORM)
     adaptive_first_round = serializers.IntegerField(min_value=1, required=False)
 
     def validate(self, attrs):
@@ -67,7 +66,7 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = RolloutJob
         # api_key_ref only: the key itself is never in a row, so it cannot leak through here.
-        fields = ("id", "name", "status", "task_set", "fleet", "harness", "harness_command", "model_base_url",
+        fields: tuple[str, ...] = ("id", "name", "status", "task_set", "fleet", "harness", "harness_command", "model_base_url",
                   "model_name", "api_key_ref", "samples_per_task", "max_steps", "max_tokens", "wall_time_s",
                   "concurrency", "sampling", "adaptive_first_round", "created_at", "started_at", "finished_at",
                   "url", "rollouts_url", "page_url")
@@ -178,13 +177,12 @@ class RerunOutputSerializer(serializers.Serializer):
     job = JobSerializer()
 
 
-class TaskSetSerializer(serializers.Serializer):
-    id = serializers.IntegerField()
-    name = serializers.CharField()
-    description = serializers.CharField()
-    source = serializers.CharField()
-    n_tasks = serializers.IntegerField()
-    created_at = serializers.DateTimeField()
+class TaskSetSerializer(serializers.ModelSerializer):
+    n_tasks = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = TaskSet
+        fields = ("id", "name", "description", "source", "n_tasks", "created_at")
 
 
 class TaskSetUploadSerializer(serializers.Serializer):

@@ -1,4 +1,8 @@
-"""Environment fleets: templates (immutable), fleets (warm-pool targets), sandboxes and their event log."""
+"""Environment fleets: templates (immutable), fleets (warm-pool targets), sandboxes and their event log.
+
+Transitions live in `webapp.fleets.services` (conditional UPDATEs); orchestration with a backend lives in
+`workers.fleet_ops` and `workers.reconciler`. Nothing here calls a backend.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,12 @@ import json
 
 from django.db import models
 
+from experience.errors import Conflict
+
 
 class EnvironmentTemplate(models.Model):
-    """Immutable: a change makes a new version. `spec_hash` identifies the effective spec."""
+    """Immutable: a change makes a new version (`services.template_revise`). `spec_hash` identifies the
+    effective sandbox spec, so two versions with the same hash make interchangeable sandboxes."""
 
     class Network(models.TextChoices):
         NONE = "none"
@@ -24,7 +31,7 @@ class EnvironmentTemplate(models.Model):
     memory_mb = models.PositiveIntegerField(default=1024)
     pids = models.PositiveIntegerField(default=256)
     disk_mb = models.PositiveIntegerField(default=1024)
-    network = models.CharField(max_length=16, choices=Network.choices, default=Network.NONE)
+    network = models.CharField(max_length=16, choices=Network.choices, default=Network.PROXY_ONLY)
     allow_list = models.JSONField(default=list, blank=True)
     setup_commands = models.JSONField(default=list, blank=True)
     max_lifetime_s = models.PositiveIntegerField(default=3600)
@@ -42,18 +49,20 @@ class EnvironmentTemplate(models.Model):
         constraints = [models.UniqueConstraint(fields=["name", "version"], name="template_unique_version")]
         ordering = ["name", "-version"]
 
-    def compute_spec_hash(self) -> str:
-        spec = {field: getattr(self, field) for field in self.SPEC_FIELDS}
-        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+    def __str__(self) -> str:
+        return f"{self.name} v{self.version}"
 
     def save(self, *args, **kwargs):
-        # Immutability is enforced in the service layer (a change creates a new version); the hash is
-        # derived state and always recomputed so it cannot drift from the fields.
+        # A fleet's sandboxes were built from this row: changing it in place would make `spec_hash` lie about
+        # them. Edits go through services.template_revise, which writes a new version.
+        if not self._state.adding:
+            raise Conflict(f"template {self}: templates are immutable; create a new version", field="template")
         self.spec_hash = self.compute_spec_hash()
         super().save(*args, **kwargs)
 
-    def __str__(self) -> str:
-        return f"{self.name} v{self.version}"
+    def compute_spec_hash(self) -> str:
+        spec = {field: getattr(self, field) for field in self.SPEC_FIELDS}
+        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
 class Fleet(models.Model):
@@ -74,6 +83,18 @@ class Fleet(models.Model):
         DRAINING = "draining"
         HOLDING = "holding"
 
+    class HoldKind(models.TextChoices):
+        """Why the reconciler stopped creating. `permanent` waits for an operator (a new template version,
+        or a scale); the others retry on their own after a back-off."""
+
+        NONE = ""
+        PERMANENT = "permanent", "permanent error (bad image or spec)"
+        CAPACITY = "capacity", "no capacity on the backend"
+        QUOTA = "quota", "quota exceeded"
+        MAX_TOTAL = "max_total", "at max_total"
+        FAILURES = "failures", "creates keep failing"
+        BACKEND = "backend", "backend unavailable"
+
     name = models.CharField(max_length=100, unique=True)
     template = models.ForeignKey(EnvironmentTemplate, on_delete=models.PROTECT, related_name="fleets")
     backend = models.CharField(max_length=16, choices=Backend.choices, default=Backend.LOCAL)
@@ -83,14 +104,29 @@ class Fleet(models.Model):
     refill_per_minute = models.PositiveIntegerField(default=120)
     sizing = models.CharField(max_length=16, choices=Sizing.choices, default=Sizing.BACKLOG)
     miss_policy = models.CharField(max_length=8, choices=MissPolicy.choices, default=MissPolicy.COLD)
+    miss_wait_ms = models.PositiveIntegerField(default=2000, help_text="how long a miss waits for a refill (wait policy)")
+    provision_timeout_s = models.PositiveIntegerField(default=120, help_text="a sandbox not ready by then has failed")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    hold_kind = models.CharField(max_length=16, choices=HoldKind.choices, default=HoldKind.NONE, blank=True)
     hold_reason = models.TextField(blank=True)
+    held_at = models.DateTimeField(null=True, blank=True)
+    hold_until = models.DateTimeField(null=True, blank=True, help_text="next retry of a transient hold")
+    # Backend objects carrying this fleet's label but no row, by name -> first seen (ISO time): deleted once
+    # they have been seen for the orphan grace period (see workers/reconciler.py).
+    orphans_seen = models.JSONField(default=dict, blank=True)
     claims_hit = models.PositiveBigIntegerField(default=0)
     claims_miss = models.PositiveBigIntegerField(default=0)
+    reconciled_at = models.DateTimeField(null=True, blank=True)
+    last_report = models.JSONField(default=dict, blank=True, help_text="what the last reconcile round did")
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def hit_rate(self) -> float | None:
+        total = self.claims_hit + self.claims_miss
+        return self.claims_hit / total if total else None
 
 
 class Sandbox(models.Model):
@@ -109,12 +145,19 @@ class Sandbox(models.Model):
     OCCUPYING_STATES = LIVE_STATES + (State.TERMINATING,)
 
     fleet = models.ForeignKey(Fleet, on_delete=models.PROTECT, related_name="sandboxes")
+    template = models.ForeignKey(EnvironmentTemplate, on_delete=models.PROTECT, null=True, blank=True,
+                                 related_name="+", help_text="the version this sandbox was built from")
+    spec_hash = models.CharField(max_length=64, blank=True)
     name = models.CharField(max_length=63, unique=True, help_text="deterministic backend name")
     state = models.CharField(max_length=16, choices=State.choices, default=State.REQUESTED, db_index=True)
     endpoint = models.CharField(max_length=300, blank=True)
-    # The per-sandbox agent secret: generated by Trove, never shown on a page or in the API.
+    # The per-sandbox agent secret: generated by the backend, never shown on a page or in the API.
     agent_secret = models.CharField(max_length=128, blank=True)
     failure_reason = models.TextField(blank=True)
+    backend_reason = models.TextField(blank=True, help_text="the backend's last word on a sandbox not yet ready")
+    # Set when the creating process waits for readiness itself (a cold claim, a local create): observers
+    # leave the row to it until its provision timeout has passed.
+    creator_waits = models.BooleanField(default=False)
     lease_holder = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     fencing_token = models.PositiveBigIntegerField(default=0)
@@ -137,9 +180,11 @@ class Sandbox(models.Model):
 
 
 class SandboxEvent(models.Model):
-    """Append-only: every state transition and every exec, with the reason."""
+    """Append-only: every state transition and every exec, with the reason; also fleet-level events
+    (holds, orphans deleted) where `sandbox` is empty and `sandbox_name` names the backend object."""
 
-    sandbox = models.ForeignKey(Sandbox, on_delete=models.CASCADE, related_name="events")
+    sandbox = models.ForeignKey(Sandbox, on_delete=models.CASCADE, related_name="events", null=True, blank=True)
+    sandbox_name = models.CharField(max_length=63, blank=True)
     fleet = models.ForeignKey(Fleet, on_delete=models.CASCADE, related_name="events")
     kind = models.CharField(max_length=32)
     from_state = models.CharField(max_length=16, blank=True)
@@ -150,3 +195,16 @@ class SandboxEvent(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        indexes = [
+            # The fleet page pages its log newest first, and reads recent leases for the claim histogram.
+            models.Index(fields=["fleet", "-id"], name="fleets_event_fleet_id"),
+            models.Index(fields=["fleet", "to_state", "-id"], name="fleets_event_fleet_to_id"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.sandbox_name or self.fleet_id}: {self.kind} {self.to_state}".strip()
+
+    def save(self, *args, **kwargs):
+        if not self._state.adding:
+            raise Conflict("sandbox events are append-only", field="event")
+        super().save(*args, **kwargs)

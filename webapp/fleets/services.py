@@ -1,21 +1,28 @@
-"""Fleet state in the database: sandbox transitions, leases with fencing tokens, the event log.
+"""Fleet state in the database: templates, fleet sizing and holds, sandbox transitions, leases with fencing
+tokens, the event log.
 
-These functions never talk to a backend (that is `workers.fleet_ops`, which calls them); each transition
-is one conditional UPDATE or a row lock, so two processes can never both move the same sandbox.
+These functions never talk to a backend (that is `workers.fleet_ops`, which calls them); each sandbox
+transition is one conditional UPDATE (`... WHERE state IN (...)`) or a row lock, so two processes can
+never both move the same sandbox, and every transition that happens writes one SandboxEvent.
 """
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
+from typing import Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from experience.errors import ValidationError
 from webapp.fleets.errors import StaleFencingToken
 from webapp.fleets.models import EnvironmentTemplate, Fleet, Sandbox, SandboxEvent
 
 S = Sandbox.State
+H = Fleet.HoldKind
 
 # Which timestamp a state sets when entered.
 _PHASE_FIELD = {
@@ -25,108 +32,299 @@ _PHASE_FIELD = {
     S.RELEASED: "released_at",
     S.TERMINATED: "terminated_at",
 }
+SIZE_FIELDS = ("min_warm", "max_warm", "max_total", "refill_per_minute")
+FLEET_FIELDS = (*SIZE_FIELDS, "backend", "sizing", "miss_policy", "miss_wait_ms", "provision_timeout_s")
 
 
-def event_record(*, sandbox: Sandbox, kind: str, reason: str = "", from_state: str = "", to_state: str = "", data=None) -> None:
-    SandboxEvent.objects.create(
-        sandbox=sandbox, fleet_id=sandbox.fleet_id, kind=kind, from_state=from_state, to_state=to_state,
-        reason=reason, data=data or {},
+# --- events ----------------------------------------------------------------------------------------------
+
+def event_record(*, kind: str, sandbox: Sandbox | None = None, fleet_id: int | None = None, sandbox_name: str = "",
+                 reason: str = "", from_state: str = "", to_state: str = "", data: dict | None = None) -> SandboxEvent:
+    """Append one event. A fleet-level event (a hold, an orphan with no row) passes `fleet_id` instead."""
+    return SandboxEvent.objects.create(
+        sandbox=sandbox, fleet_id=sandbox.fleet_id if sandbox else fleet_id,
+        sandbox_name=sandbox.name if sandbox else sandbox_name, kind=kind, from_state=from_state,
+        to_state=to_state, reason=reason[:4000], data=data or {},
     )
 
 
-def template_create(*, name: str, **fields) -> EnvironmentTemplate:
+# --- templates -------------------------------------------------------------------------------------------
+
+def template_create(*, name: str, **fields: Any) -> EnvironmentTemplate:
     """Templates are immutable: creating one with an existing name makes the next version."""
+    _check_template(name, fields)
     with transaction.atomic():
         latest = EnvironmentTemplate.objects.select_for_update().filter(name=name).order_by("-version").first()
         version = latest.version + 1 if latest else 1
         return EnvironmentTemplate.objects.create(name=name, version=version, **fields)
 
 
-def fleet_create(*, name: str, template: EnvironmentTemplate, **fields) -> Fleet:
-    return Fleet.objects.create(name=name, template=template, **fields)
+def template_revise(*, template: EnvironmentTemplate, **changes: Any) -> EnvironmentTemplate:
+    """"Edit" a template: a new version of the same name with `changes` applied to the newest version's spec."""
+    latest = EnvironmentTemplate.objects.filter(name=template.name).order_by("-version").first() or template
+    fields = {field: getattr(latest, field) for field in EnvironmentTemplate.SPEC_FIELDS}
+    return template_create(name=template.name, **{**fields, **changes})
 
 
-def sandbox_request(*, fleet: Fleet) -> Sandbox:
-    """A new row in `requested`; its name is derived from its id so a retried create cannot duplicate."""
+def _check_template(name: str, fields: dict[str, Any]) -> None:
+    if not name or len(name) > 100:
+        raise ValidationError("name: required, at most 100 characters", field="name")
+    unknown = set(fields) - set(EnvironmentTemplate.SPEC_FIELDS)
+    if unknown:
+        raise ValidationError(f"{sorted(unknown)[0]}: not a template field", field=sorted(unknown)[0])
+    if fields.get("network", "none") not in EnvironmentTemplate.Network.values:
+        raise ValidationError(f"network: one of {', '.join(EnvironmentTemplate.Network.values)}", field="network")
+    for key in ("cpu", "memory_mb", "pids"):
+        if key in fields and not fields[key] > 0:
+            raise ValidationError(f"{key}: must be positive", field=key)
+    for key in ("setup_commands", "allow_list"):
+        value = fields.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise ValidationError(f"{key}: a list of strings", field=key)
+
+
+# --- fleets ----------------------------------------------------------------------------------------------
+
+def fleet_create(*, name: str, template: EnvironmentTemplate, **fields: Any) -> Fleet:
+    unknown = set(fields) - set(FLEET_FIELDS)
+    if unknown:
+        raise ValidationError(f"{sorted(unknown)[0]}: not a fleet field", field=sorted(unknown)[0])
+    if not name or len(name) > 100:
+        raise ValidationError("name: required, at most 100 characters", field="name")
+    if Fleet.objects.filter(name=name).exists():
+        raise ValidationError(f"name: a fleet named {name!r} exists", field="name")
+    fleet = Fleet(name=name, template=template, **fields)
+    _check_choices(fleet)
+    _check_sizes(fleet)
+    fleet.save()
+    return fleet
+
+
+def _check_choices(fleet: Fleet) -> None:
+    for key, choices in (("backend", Fleet.Backend), ("sizing", Fleet.Sizing), ("miss_policy", Fleet.MissPolicy)):
+        if getattr(fleet, key) not in choices.values:
+            raise ValidationError(f"{key}: one of {', '.join(choices.values)}", field=key)
+
+
+def _check_sizes(fleet: Fleet) -> None:
+    if fleet.min_warm > fleet.max_warm:
+        raise ValidationError("min_warm: must not exceed max_warm", field="min_warm")
+    if fleet.max_warm > fleet.max_total:
+        raise ValidationError("max_warm: must not exceed max_total", field="max_warm")
+    if fleet.refill_per_minute < 1:
+        raise ValidationError("refill_per_minute: at least 1", field="refill_per_minute")
+
+
+def fleet_scale(*, fleet: Fleet, reason: str = "scaled", **sizes: int | None) -> Fleet:
+    """Set any of min_warm / max_warm / max_total / refill_per_minute. Scaling is an operator saying "serve
+    with these numbers": a draining fleet becomes active again and a hold is lifted (the next round retries)."""
+    unknown = set(sizes) - set(SIZE_FIELDS)
+    if unknown:
+        raise ValidationError(f"{sorted(unknown)[0]}: not a size", field=sorted(unknown)[0])
     with transaction.atomic():
-        sandbox = Sandbox.objects.create(fleet=fleet, name=f"pending-{timezone.now().timestamp()}")
-        sandbox.name = f"trove-{fleet.pk}-{sandbox.pk}"
-        sandbox.save(update_fields=["name"])
-        event_record(sandbox=sandbox, kind="transition", to_state=S.REQUESTED, reason="requested")
+        fleet = Fleet.objects.select_for_update().get(pk=fleet.pk)
+        for key, value in sizes.items():
+            if value is not None:
+                setattr(fleet, key, value)
+        _check_sizes(fleet)
+        _clear_hold(fleet)
+        fleet.status = Fleet.Status.ACTIVE
+        fleet.save(update_fields=[*SIZE_FIELDS, "status", "hold_kind", "hold_reason", "held_at", "hold_until"])
+        event_record(kind="scaled", fleet_id=fleet.pk, reason=reason,
+                     data={key: getattr(fleet, key) for key in SIZE_FIELDS})
+    return fleet
+
+
+def fleet_drain(*, fleet: Fleet, reason: str = "drained by an operator") -> Fleet:
+    """Stop keeping sandboxes warm and creating new ones; leased sandboxes finish their work. The reconciler
+    retires the warm ones. Undo with fleet_scale."""
+    with transaction.atomic():
+        fleet = Fleet.objects.select_for_update().get(pk=fleet.pk)
+        _clear_hold(fleet)
+        fleet.status = Fleet.Status.DRAINING
+        fleet.save(update_fields=["status", "hold_kind", "hold_reason", "held_at", "hold_until"])
+        event_record(kind="drain", fleet_id=fleet.pk, reason=reason)
+    return fleet
+
+
+def fleet_set_template(*, fleet: Fleet, template: EnvironmentTemplate, reason: str = "") -> Fleet:
+    """Move the fleet to another template version. New sandboxes use it at once; the reconciler replaces the
+    warm ones built from a different spec in a rolling way (see reconciler). Lifts a hold: a new spec is
+    the operator's answer to a permanent error."""
+    with transaction.atomic():
+        fleet = Fleet.objects.select_for_update().get(pk=fleet.pk)
+        previous = fleet.template
+        fleet.template = template
+        _clear_hold(fleet)
+        if fleet.status == Fleet.Status.HOLDING:
+            fleet.status = Fleet.Status.ACTIVE
+        fleet.save(update_fields=["template", "status", "hold_kind", "hold_reason", "held_at", "hold_until"])
+        event_record(kind="template", fleet_id=fleet.pk, reason=reason or f"{previous} -> {template}",
+                     data={"from": previous.pk, "to": template.pk, "spec_hash": template.spec_hash})
+    return fleet
+
+
+def fleet_hold(*, fleet: Fleet, kind: str, reason: str, retry_in_s: float | None) -> None:
+    """Stop creating, with a visible reason. `retry_in_s=None` holds until an operator acts. The event is
+    written only when the hold is new or its reason changed, so a long hold does not flood the log."""
+    now = timezone.now()
+    until = now + timedelta(seconds=retry_in_s) if retry_in_s is not None else None
+    changed = (fleet.status, fleet.hold_kind, fleet.hold_reason) != (Fleet.Status.HOLDING, kind, reason)
+    fleet.status, fleet.hold_kind, fleet.hold_reason = Fleet.Status.HOLDING, kind, reason[:2000]
+    fleet.held_at, fleet.hold_until = fleet.held_at or now, until
+    # Conditional on not draining: an operator's drain wins over a reconciler's hold.
+    Fleet.objects.filter(pk=fleet.pk).exclude(status=Fleet.Status.DRAINING).update(
+        status=fleet.status, hold_kind=kind, hold_reason=fleet.hold_reason, held_at=fleet.held_at, hold_until=until)
+    if changed:
+        event_record(kind="hold", fleet_id=fleet.pk, reason=reason, data={"hold_kind": kind, "retry_in_s": retry_in_s})
+
+
+def fleet_unhold(*, fleet: Fleet, reason: str) -> None:
+    if fleet.status != Fleet.Status.HOLDING:
+        return
+    _clear_hold(fleet)
+    fleet.status = Fleet.Status.ACTIVE
+    Fleet.objects.filter(pk=fleet.pk, status=Fleet.Status.HOLDING).update(
+        status=fleet.status, hold_kind="", hold_reason="", held_at=None, hold_until=None)
+    event_record(kind="unhold", fleet_id=fleet.pk, reason=reason)
+
+
+def _clear_hold(fleet: Fleet) -> None:
+    fleet.hold_kind, fleet.hold_reason, fleet.held_at, fleet.hold_until = H.NONE, "", None, None
+
+
+def fleet_count_claim(*, fleet_id: int, hit: bool) -> None:
+    """One autocommit UPDATE, outside the claim's transaction: the fleet row is not held while claiming."""
+    if hit:
+        Fleet.objects.filter(pk=fleet_id).update(claims_hit=F("claims_hit") + 1)
+    else:
+        Fleet.objects.filter(pk=fleet_id).update(claims_miss=F("claims_miss") + 1)
+
+
+# --- sandboxes -------------------------------------------------------------------------------------------
+
+def sandboxes_request(*, fleet: Fleet, n: int, creator_waits: bool = False, cold: bool = False) -> list[Sandbox]:
+    """Up to `n` new rows in `requested`, never past max_total: counted and inserted under the fleet's row
+    lock, so a reconciler topping up and workers creating cold cannot together overshoot. Committed before
+    any backend call. Each name is derived from the row's id, so every retry of its create asks the backend
+    for the same name and can never make a second sandbox."""
+    with transaction.atomic():
+        locked = Fleet.objects.select_for_update(of=("self",)).select_related("template").get(pk=fleet.pk)
+        occupying = Sandbox.objects.filter(fleet_id=fleet.pk, state__in=Sandbox.OCCUPYING_STATES).count()
+        rows = [_request_one(locked, creator_waits=creator_waits, cold=cold)
+                for _ in range(max(0, min(n, locked.max_total - occupying)))]
+    for sandbox in rows:
+        sandbox.fleet = fleet
+    return rows
+
+
+def _request_one(fleet: Fleet, *, creator_waits: bool, cold: bool) -> Sandbox:
+    template = fleet.template
+    sandbox = Sandbox.objects.create(fleet=fleet, template=template, spec_hash=template.spec_hash,
+                                     name=f"pending-{time.time_ns()}", creator_waits=creator_waits, cold_claim=cold)
+    sandbox.name = f"trove-{fleet.pk}-{sandbox.pk}"
+    sandbox.save(update_fields=["name"])
+    event_record(sandbox=sandbox, kind="transition", to_state=S.REQUESTED,
+                 reason="requested for a cold claim" if cold else "requested")
     return sandbox
 
 
-def sandbox_transition(*, sandbox: Sandbox, to: str, expect: tuple[str, ...], reason: str = "", **fields) -> bool:
-    """Move `sandbox` to `to` only if it is in one of `expect`. Returns False (and changes nothing) otherwise."""
+def sandbox_transition(*, sandbox: Sandbox, to: str, expect: tuple[str, ...], reason: str = "",
+                       where: dict[str, Any] | None = None, data: dict | None = None, **fields: Any) -> bool:
+    """Move `sandbox` to `to` only if it is in one of `expect` (and matches `where`). Returns False, changing
+    nothing, otherwise. Updates the instance in place and logs the transition."""
     now = timezone.now()
     updates = dict(fields, state=to)
     if to in _PHASE_FIELD:
         updates[_PHASE_FIELD[to]] = now
-    changed = Sandbox.objects.filter(pk=sandbox.pk, state__in=expect).update(**updates)
+    changed = Sandbox.objects.filter(pk=sandbox.pk, state__in=expect, **(where or {})).update(**updates)
     if not changed:
         return False
-    from_state = sandbox.state
+    from_state = sandbox.state if sandbox.state in expect else ""
     for key, value in updates.items():
         setattr(sandbox, key, value)
-    event_record(sandbox=sandbox, kind="transition", from_state=from_state, to_state=to, reason=reason)
+    event_record(sandbox=sandbox, kind="transition", from_state=from_state, to_state=to, reason=reason, data=data)
     return True
 
 
-def sandbox_claim_warm(*, fleet: Fleet, holder: str, lease_seconds: int) -> Sandbox | None:
+def sandbox_claim_warm(*, fleet: Fleet, holder: str, lease_seconds: int, started: float | None = None,
+                       claim: str = "warm") -> Sandbox | None:
     """Lease a warm sandbox in one transaction, never waiting on a backend. None on a miss.
 
-    SKIP LOCKED lets concurrent claimers take different rows instead of queueing behind one.
+    SKIP LOCKED lets concurrent claimers take different rows instead of queueing behind one; `of=self` keeps
+    the lock off any joined row. The fleet is not re-read: the caller's instance is enough to name it.
     """
     with transaction.atomic():
         sandbox = (
-            Sandbox.objects.select_for_update(skip_locked=True)
-            .filter(fleet=fleet, state=S.WARM)
+            Sandbox.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(fleet_id=fleet.pk, state=S.WARM)
             .order_by("ready_at", "id")
             .first()
         )
         if sandbox is None:
             return None
-        _lease(sandbox, holder=holder, lease_seconds=lease_seconds, reason="warm claim")
-    Fleet.objects.filter(pk=fleet.pk).update(claims_hit=F("claims_hit") + 1)
+        _lease(sandbox, holder=holder, lease_seconds=lease_seconds, claim=claim, started=started)
+    sandbox.fleet = fleet
     return sandbox
 
 
-def sandbox_lease_cold(*, sandbox: Sandbox, holder: str, lease_seconds: int) -> Sandbox:
-    """Lease a sandbox this caller just provisioned itself after a miss (counted as a miss)."""
+def sandbox_lease_cold(*, sandbox: Sandbox, holder: str, lease_seconds: int, started: float | None = None) -> bool:
+    """Lease a sandbox this caller provisioned itself after a miss: provisioning -> leased directly, so it is
+    never warm (and claimable by anyone else) in between. False if it is no longer provisioning."""
     with transaction.atomic():
-        sandbox = Sandbox.objects.select_for_update().get(pk=sandbox.pk)
-        sandbox.cold_claim = True
-        _lease(sandbox, holder=holder, lease_seconds=lease_seconds, reason="cold claim")
-    Fleet.objects.filter(pk=sandbox.fleet_id).update(claims_miss=F("claims_miss") + 1)
-    return sandbox
+        locked = Sandbox.objects.select_for_update().filter(pk=sandbox.pk, state=S.PROVISIONING).first()
+        if locked is None:
+            return False
+        locked.endpoint, locked.agent_secret = sandbox.endpoint, sandbox.agent_secret
+        locked.ready_at = timezone.now()
+        _lease(locked, holder=holder, lease_seconds=lease_seconds, claim="cold", started=started,
+               extra_fields=("endpoint", "agent_secret", "ready_at"))
+    for key in ("state", "lease_holder", "lease_expires_at", "fencing_token", "leased_at", "ready_at",
+                "last_used_at", "first_exec_at"):
+        setattr(sandbox, key, getattr(locked, key))
+    return True
 
 
-def _lease(sandbox: Sandbox, *, holder: str, lease_seconds: int, reason: str) -> None:
-    """Caller holds the row lock."""
+def _lease(sandbox: Sandbox, *, holder: str, lease_seconds: int, claim: str, started: float | None,
+           extra_fields: tuple[str, ...] = ()) -> None:
+    """Caller holds the row lock. `claim_ms` in the event covers the claim call up to this write."""
     now = timezone.now()
     from_state = sandbox.state
     sandbox.state = S.LEASED
-    sandbox.lease_holder = holder
+    sandbox.lease_holder = holder[:200]
     sandbox.lease_expires_at = now + timedelta(seconds=lease_seconds)
     sandbox.fencing_token = sandbox.fencing_token + 1
-    sandbox.leased_at = now
-    sandbox.last_used_at = now
-    sandbox.save(update_fields=[
-        "state", "lease_holder", "lease_expires_at", "fencing_token", "leased_at", "last_used_at", "cold_claim",
-    ])
-    event_record(sandbox=sandbox, kind="transition", from_state=from_state, to_state=S.LEASED, reason=reason,
-                 data={"holder": holder, "fencing_token": sandbox.fencing_token})
+    sandbox.leased_at = sandbox.last_used_at = now
+    sandbox.first_exec_at = None  # time to first exec is per lease (a reusable sandbox is leased again)
+    sandbox.save(update_fields=["state", "lease_holder", "lease_expires_at", "fencing_token", "leased_at",
+                                "last_used_at", "first_exec_at", *extra_fields])
+    data: dict[str, Any] = {"holder": holder, "fencing_token": sandbox.fencing_token, "claim": claim}
+    if started is not None:
+        data["claim_ms"] = round((time.perf_counter() - started) * 1000, 3)
+    event_record(sandbox=sandbox, kind="transition", from_state=from_state, to_state=S.LEASED,
+                 reason=f"{claim} claim", data=data)
 
 
-def sandbox_check_fence(*, sandbox_id: int, fencing_token: int) -> Sandbox:
-    """Raise StaleFencingToken unless the caller's lease is the current one."""
+def sandbox_fence(*, sandbox_id: int, fencing_token: int, first_exec: bool = False) -> None:
+    """One query: touch the lease if it is still the caller's (and stamp the lease's first exec when asked);
+    raise StaleFencingToken otherwise."""
+    now = timezone.now()
+    updates: dict[str, Any] = {"last_used_at": now}
+    if first_exec:
+        updates["first_exec_at"] = Coalesce("first_exec_at", Value(now))
+    if Sandbox.objects.filter(pk=sandbox_id, state=S.LEASED, fencing_token=fencing_token).update(**updates):
+        return
     sandbox = Sandbox.objects.get(pk=sandbox_id)
-    if sandbox.state != S.LEASED or sandbox.fencing_token != fencing_token:
-        raise StaleFencingToken(
-            f"sandbox {sandbox.name}: fencing token {fencing_token} is stale "
-            f"(current {sandbox.fencing_token}, state {sandbox.state})"
-        )
-    return sandbox
+    message = (f"sandbox {sandbox.name}: fencing token {fencing_token} is stale "
+               f"(current {sandbox.fencing_token}, state {sandbox.state})")
+    event_record(sandbox=sandbox, kind="fence_refused", reason=message,
+                 data={"fencing_token": fencing_token, "current": sandbox.fencing_token})
+    raise StaleFencingToken(message)
+
+
+def sandbox_check_fence(*, sandbox_id: int, fencing_token: int) -> None:
+    """Old name of sandbox_fence, kept for callers."""
+    sandbox_fence(sandbox_id=sandbox_id, fencing_token=fencing_token)
 
 
 def sandbox_heartbeat(*, sandbox_id: int, fencing_token: int, lease_seconds: int) -> bool:
@@ -140,11 +338,13 @@ def sandbox_heartbeat(*, sandbox_id: int, fencing_token: int, lease_seconds: int
 
 
 def sandbox_exec_recorded(*, sandbox: Sandbox, command: str, exit_code: int | None, duration_ms: float,
-                          reason: str = "", timed_out: bool = False) -> None:
-    """Log an exec; the first exec of a lease sets `first_exec_at` (time-to-first-exec is measured from it)."""
-    now = timezone.now()
-    Sandbox.objects.filter(pk=sandbox.pk, first_exec_at__isnull=True).update(first_exec_at=now)
-    Sandbox.objects.filter(pk=sandbox.pk).update(last_used_at=now)
-    event_record(sandbox=sandbox, kind="exec", reason=reason,
-                 data={"command": command[:500], "exit_code": exit_code, "duration_ms": round(duration_ms, 2),
-                       "timed_out": timed_out})
+                          reason: str = "", timed_out: bool = False, fencing_token: int | None = None,
+                          error: str = "") -> None:
+    """Log an exec, or an exec that could not run (`error`). One INSERT: the row was touched by the fence."""
+    data: dict[str, Any] = {"command": command[:500], "exit_code": exit_code, "duration_ms": round(duration_ms, 2),
+                            "timed_out": timed_out}
+    if fencing_token is not None:
+        data["fencing_token"] = fencing_token
+    if error:
+        data["error"] = error[:1000]
+    event_record(sandbox=sandbox, kind="exec_failed" if error else "exec", reason=reason, data=data)

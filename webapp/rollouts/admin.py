@@ -18,7 +18,7 @@ class TaskSetAdmin(admin.ModelAdmin):
 
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin):
-    list_display = ("key", "task_set", "difficulty", "eval_command")
+    list_display = ("key", "task_set", "difficulty", "eval_command", "success_exit_code")
     list_filter = ("task_set", "difficulty")
 
 
@@ -30,7 +30,7 @@ class RolloutJobAdmin(admin.ModelAdmin):
 
 @admin.register(Rollout)
 class RolloutAdmin(admin.ModelAdmin):
-    list_display = ("id", "job", "task", "sample_index", "status", "reward", "attempt", "started_at")
+    list_display = ("id", "job", "task", "sample_index", "status", "reward", "attempt", "started_at", "finish_seq")
     list_filter = ("status",)
-    raw_id_fields = ("job", "task", "sandbox", "trajectory")
+    raw_id_fields = ("job", "task", "sandbox", "trajectory", "rerun_of")
     exclude = ("token",)  # the proxy credential of a running rollout

@@ -93,8 +93,9 @@ def job_detail(*, job_id: int) -> RolloutJob:
     job = job_get(job_id=job_id)
     tallies, _ = job_tallies(job_id=job.pk)
     keys = dict(Task.objects.filter(pk__in=[t.task_id for t in tallies]).values_list("pk", "key"))
-    job.progress = progress_from_tallies(job, tallies)
-    job.budget = budget_from_tallies(job, tallies, keys)
+    # Attached like annotations, for the API's JobDetailSerializer.
+    job.progress = progress_from_tallies(job, tallies)  # type: ignore[attr-defined]
+    job.budget = budget_from_tallies(job, tallies, keys)  # type: ignore[attr-defined]
     return job
 
 

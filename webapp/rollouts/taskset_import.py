@@ -45,6 +45,7 @@ MAX_ERRORS_SHOWN = 20
 MAX_TASKS = 100_000
 MAX_SNAPSHOT_FILES = 20_000
 MAX_EVAL_TIMEOUT_S = 3600
+MAX_NAME = 100  # TaskSet.name
 
 
 class TaskSetImportError(ValidationError):
@@ -76,14 +77,14 @@ class _Invalid(Exception):
         self.field, self.problem = field, problem
 
 
-def taskset_import_jsonl(*, name: str, fileobj: Iterable[bytes] | Iterable[str], description: str = "") -> TaskSet:
+def taskset_import_jsonl(*, name: str, fileobj: Iterable[bytes | str], description: str = "") -> TaskSet:
     """Validate every line, then create the task set and its tasks in one transaction. All or nothing.
 
     Raises TaskSetImportError (naming each bad line and field) before writing anything, and Conflict if a
     task set of that name exists (imported sets are not overwritten: jobs that ran them keep their meaning).
     """
     name = (name or "").strip()
-    if not name or len(name) > TaskSet._meta.get_field("name").max_length:
+    if not name or len(name) > MAX_NAME:
         raise ValidationError("name: a task set name of 1 to 100 characters is required", field="name")
     tasks = parse_tasks(fileobj)
     with transaction.atomic():
@@ -94,7 +95,7 @@ def taskset_import_jsonl(*, name: str, fileobj: Iterable[bytes] | Iterable[str],
     return task_set
 
 
-def parse_tasks(fileobj: Iterable[bytes] | Iterable[str]) -> list[dict]:
+def parse_tasks(fileobj: Iterable[bytes | str]) -> list[dict]:
     """Task fields for every line, or TaskSetImportError listing every problem. No database."""
     tasks: list[dict] = []
     errors: list[LineError] = []
@@ -120,17 +121,20 @@ def parse_tasks(fileobj: Iterable[bytes] | Iterable[str]) -> list[dict]:
     return tasks
 
 
-def _lines(fileobj: Iterable[bytes] | Iterable[str]) -> Iterator[tuple[int, str | None]]:
+def _lines(fileobj: Iterable[bytes | str]) -> Iterator[tuple[int, str | None]]:
     """(line number, text) for each non-blank line; text None when the line is not UTF-8."""
     for number, raw in enumerate(fileobj, start=1):
+        text: str
         if isinstance(raw, bytes):
             try:
-                raw = raw.decode("utf-8")
+                text = raw.decode("utf-8")
             except UnicodeDecodeError:
                 yield number, None
                 continue
-        if raw.strip():
-            yield number, raw
+        else:
+            text = raw
+        if text.strip():
+            yield number, text
 
 
 def _task_from_line(raw: str | None) -> dict:

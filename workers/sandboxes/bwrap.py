@@ -1,4 +1,4 @@
-"""The bubblewrap command line and supervisor for one local sandbox. Pure functions: nothing here runs.
+"""The bubblewrap command line and supervisor for one local sandbox: builds argv lists, starts nothing.
 
 What a sandbox sees:
     /usr /bin /lib /lib64 /sbin   the host's (or `rootfs`'s), read-only

@@ -1,9 +1,9 @@
 """Per-sandbox cgroups for the local backend: CPU, memory and pids limits.
 
-One cgroup per sandbox, named after it, in every hierarchy that carries one of the three controllers: the
-cgroup v2 (unified) hierarchy for a controller that is enabled there, else the controller's v1 hierarchy.
-Hosts mix the two (these machines have memory/pids/cpu on v1 and an empty v2), so the choice is made per
-controller.
+One cgroup per sandbox, named after it, in each hierarchy whose controller has a limit to hold (pids always:
+it is also how every process of a sandbox is found and killed): the cgroup v2 (unified) hierarchy for a
+controller that is enabled there, else the controller's v1 hierarchy. Hosts mix the two (these machines
+have memory/pids/cpu on v1 and an empty v2), so the choice is made per controller.
 
 Where sandbox cgroups go: `parent` (default "trove") below the creating process's own cgroup in each
 hierarchy, so sandboxes stay accounted to whoever runs Trove (a service's or a session's memory cgroup).
@@ -75,11 +75,11 @@ class CgroupManager:
 
     def create(self, name: str, limits: Limits) -> list[str]:
         """Create the cgroup directories for sandbox `name` and write `limits` into them. Returns the
-        directories (one per hierarchy). A stale directory of the same name (a crashed destroy) is emptied
-        and reused. On failure removes what it made and raises CgroupError."""
+        directories (one per hierarchy used). A stale directory of the same name (a crashed destroy) is
+        removed and made afresh. On failure removes what it made and raises CgroupError."""
         made: list[str] = []
         try:
-            for home in self.homes.values():
+            for home in self._homes_for(limits):
                 path = os.path.join(home.parent, name)
                 if path not in made:
                     _make_fresh(path)
@@ -89,6 +89,14 @@ class CgroupManager:
             kill_and_remove(made)
             raise CgroupError(f"cgroup for {name}: {exc}") from exc
         return made
+
+    def _homes_for(self, limits: Limits) -> list[Home]:
+        """The controllers that have a limit to hold, plus pids always: every sandbox gets one cgroup that
+        tracks all its processes (destroy kills through it). Each extra v1 hierarchy costs a migration,
+        which waits for an RCU grace period, so unlimited controllers are skipped."""
+        wanted = {"pids"} | {c for c, v in (("memory", limits.memory_mb), ("cpu", limits.cpu)) if v is not None}
+        homes = [home for controller, home in self.homes.items() if controller in wanted]
+        return homes or list(self.homes.values())[:1]
 
     def _find_home(self, controller: str, parent: str, v1_mounts: dict[str, str], v2_mount: str | None,
                    own: dict[str, str]) -> None:

@@ -47,6 +47,7 @@ workspace is a host directory without a quota.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import logging
@@ -211,7 +212,7 @@ class LocalBackend(SandboxBackend):
         if problems:
             raise SandboxError(f"destroy of {name} left: {'; '.join(problems)}", reason="destroy_incomplete")
 
-    def cgroup_dirs(self, name: str) -> list[str]:
+    def cgroup_dirs(self, name: str) -> builtins.list[str]:  # `list` here is the method above
         """The cgroup directories sandbox `name` has (or would have) on this host."""
         return self.cgroups.dirs_for(self._cgroup_name(name))
 

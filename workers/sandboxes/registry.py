@@ -36,3 +36,13 @@ def set_backend(kind: str, backend: SandboxBackend) -> None:
     """Install a specific backend instance (tests point the Kubernetes backend at their own API server)."""
     with _lock:
         _backends[kind] = backend
+
+
+# Backends whose destroy() returns only once everything is gone (local verifies it and raises otherwise).
+# Kubernetes accepts the delete and the pod lingers for its grace period: the fleet keeps such a sandbox
+# `terminating`, occupying capacity, until the backend no longer lists it.
+_FINAL_DESTROY = {"local"}
+
+
+def destroy_is_final(kind: str) -> bool:
+    return kind in _FINAL_DESTROY

@@ -201,3 +201,14 @@ def test_a_run_without_decisions_gives_no_rows():
 
     assert list(value_rows([empty], DatasetSpec(kind="value"))) == []
     assert list(outcome_rows([empty], DatasetSpec(kind="outcome"))) == []
+
+
+def test_a_task_missing_from_the_steps_goes_after_the_system_prompt():
+    run = source_run("r1", [message("system", "You are careful."), command("ls", "src")])
+
+    (row,) = value_rows([run], DatasetSpec(kind="value"))
+
+    assert row["messages"] == [
+        {"role": "system", "content": "You are careful."},
+        {"role": "user", "content": TASK},
+    ]

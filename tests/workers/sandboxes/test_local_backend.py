@@ -1,4 +1,8 @@
-"""The local bubblewrap backend, end to end: real sandboxes, real agent, real cgroups."""
+"""The local bubblewrap backend, end to end: real sandboxes, real agent, real cgroups.
+
+Sandbox roots are made with tempfile under /tmp (world-searchable), not pytest's 0700 basetemp, so that
+bubblewrap runs as the unprivileged sandbox uid: the configuration these tests are about.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from workers.sandboxes.base import (
     AgentAuthError,
     AgentUnavailable,
     SandboxError,
+    SandboxHandle,
     SandboxNotFound,
     SandboxSpec,
     SandboxStartFailed,
@@ -29,6 +34,37 @@ from workers.sandboxes.base import (
 from workers.sandboxes.local import LocalBackend
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def backend():
+    root = tempfile.mkdtemp(prefix="trove-sbtest-")
+    os.chmod(root, 0o711)
+    local = LocalBackend(root)
+    yield local
+    for handle in local.list({}):
+        local.destroy(handle.name)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def make_sandbox(backend):
+    """make_sandbox(**spec_fields) -> a ready handle; every sandbox made is destroyed afterwards."""
+    names = []
+
+    def make(**fields) -> SandboxHandle:
+        name = fields.pop("name", unique_name())
+        names.append(name)
+        return backend.create(SandboxSpec(name=name, **fields))
+
+    yield make
+    for name in names:
+        backend.destroy(name)
+
+
+@pytest.fixture
+def sandbox(make_sandbox) -> SandboxHandle:
+    return make_sandbox()
 
 
 def unique_name(prefix: str = "t") -> str:

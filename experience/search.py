@@ -1,0 +1,277 @@
+"""Finding trajectories: filters, full-text search over step content, keyset (cursor) pages.
+
+One vocabulary of filters serves the explorer page, the API (whose FilterSet translates query parameters
+into a `TrajectoryFilters`), exports and bulk curation (`filters_from_params` reads the same names from any
+mapping, e.g. a command line or a JSON body).
+
+Full text: on Postgres, `q` is a websearch query ("quoted phrases", `or`, `-not`) over each step's searchable
+text, answered by the GIN expression index of migration 0002 (STEP_SEARCH_DOCUMENT must stay identical to
+it). The 'simple' configuration lowercases but does not stem, which suits commands, paths and code. What is
+searchable: a step's preview and its inline texts (command, thought, output, reply, tool calls), i.e. all of
+any text up to 2 KB and the first 300 characters of a longer one. On SQLite (the embedded default) `q` is a
+case-insensitive substring match over the same content, a simpler fallback.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from datetime import datetime, time
+from typing import Any
+
+from django.db import connection
+from django.db.models import Q, QuerySet, TextField
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Cast
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
+
+from experience.errors import ValidationError
+from experience.models import Step, Trajectory
+
+STEP_SEARCH_DOCUMENT = (
+    "to_tsvector('simple'::regconfig, "
+    "left(coalesce(preview, ''), 1000) || ' ' || "
+    "left(coalesce(payload ->> 'command', ''), 20000) || ' ' || "
+    "left(coalesce(payload ->> 'text', ''), 20000) || ' ' || "
+    "left(coalesce(payload ->> 'output', ''), 20000) || ' ' || "
+    "left(coalesce(payload ->> 'response_text', ''), 20000) || ' ' || "
+    "left(coalesce(payload ->> 'tool_calls', ''), 20000))"
+)
+OUTCOMES = ("success", "failure", "unknown")
+DUPLICATE_CHOICES = ("any", "exclude", "only")
+LIST_DEFERRED = ("instruction", "final_diff", "metadata", "notes")  # large columns a list never shows
+DEFAULT_PAGE, MAX_PAGE = 50, 500
+SIMILAR_LIMIT = 50
+
+
+@dataclass(frozen=True)
+class TrajectoryFilters:
+    """Every way to narrow the trajectory list. Empty values mean "no filter"; all given filters must hold."""
+
+    ids: tuple[int, ...] = ()
+    task: str = ""  # task_key, exact
+    task_set: str = ""
+    model: str = ""
+    harness: str = ""
+    source: str = ""
+    source_format: str = ""
+    status: tuple[str, ...] = ()  # any of
+    outcome: str = ""  # success | failure | unknown (success is true / false / not known)
+    curation: tuple[str, ...] = ()  # any of pending, approved, rejected
+    duplicate: str = "any"  # any | exclude (only canonical and unique runs) | only (only duplicates)
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    tags: tuple[str, ...] = ()  # all of
+    q: str = ""  # full text over step content
+    similar: int | None = None  # runs similar to this trajectory id (see similar_ids)
+
+    def is_empty(self) -> bool:
+        return self == TrajectoryFilters()
+
+    def as_params(self) -> dict[str, str]:
+        """The filters as query parameters (the inverse of filters_from_params), empty ones left out."""
+        params: dict[str, str] = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value in (None, "", ()) or (item.name == "duplicate" and value == "any"):
+                continue
+            if isinstance(value, tuple):
+                value = ",".join(str(v) for v in value)
+            elif isinstance(value, datetime):
+                value = value.isoformat()
+            params[item.name] = str(value)
+        return params
+
+
+def trajectory_search(*, filters: TrajectoryFilters, queryset: QuerySet[Trajectory] | None = None) -> QuerySet[Trajectory]:
+    """The trajectories matching every filter, newest first, large columns deferred. Lazy: one query."""
+    queryset = Trajectory.objects.all() if queryset is None else queryset
+    queryset = queryset.filter(_column_filters(filters))
+    if filters.tags:
+        queryset = _with_tags(queryset, filters.tags)
+    if filters.q.strip():
+        queryset = queryset.filter(id__in=_step_matches(filters.q.strip()))
+    if filters.similar is not None:
+        queryset = queryset.filter(id__in=similar_ids(trajectory_id=filters.similar))
+    return queryset.defer(*LIST_DEFERRED).order_by("-id")
+
+
+def _column_filters(filters: TrajectoryFilters) -> Q:
+    condition = Q()
+    exact = {"task_key": filters.task, "task_set": filters.task_set, "model": filters.model,
+             "harness": filters.harness, "source": filters.source, "source_format": filters.source_format}
+    for name, value in exact.items():
+        if value:
+            condition &= Q(**{name: value})
+    if filters.ids:
+        condition &= Q(id__in=filters.ids)
+    if filters.status:
+        condition &= Q(status__in=filters.status)
+    if filters.curation:
+        condition &= Q(curation_status__in=filters.curation)
+    if filters.outcome:
+        condition &= Q(success={"success": True, "failure": False, "unknown": None}[filters.outcome])
+    if filters.duplicate != "any":
+        condition &= Q(is_duplicate=filters.duplicate == "only")
+    if filters.created_after:
+        condition &= Q(created_at__gte=filters.created_after)
+    if filters.created_before:
+        condition &= Q(created_at__lt=filters.created_before)
+    return condition
+
+
+def _with_tags(queryset: QuerySet[Trajectory], tags: Iterable[str]) -> QuerySet[Trajectory]:
+    if connection.vendor == "postgresql":
+        for tag in tags:  # tags @> '["x"]', answered by the GIN index
+            queryset = queryset.filter(tags__contains=[tag])
+        return queryset
+    # SQLite has no JSON containment: match the tag's JSON text inside the list's JSON text.
+    queryset = queryset.annotate(tags_text=Cast("tags", TextField()))
+    for tag in tags:
+        queryset = queryset.filter(tags_text__contains=json.dumps(tag))
+    return queryset
+
+
+def _step_matches(q: str) -> Any:
+    """A subquery of the trajectory ids having a step that matches `q`."""
+    if connection.vendor == "postgresql":
+        return RawSQL(
+            f"SELECT trajectory_id FROM experience_step WHERE {STEP_SEARCH_DOCUMENT} @@ websearch_to_tsquery('simple', %s)",
+            (q,),
+        )
+    phrase = q.strip('"')
+    steps = Step.objects.annotate(payload_text=Cast("payload", TextField())).filter(
+        Q(preview__icontains=phrase) | Q(payload_text__icontains=phrase)
+    )
+    return steps.values("trajectory_id")
+
+
+# --- HOOK: "similar runs" -------------------------------------------------------------------------------------
+# Filled by the dedup integration: `experience.services.dedup.similar_runs(trajectory_id=..., limit=...)`,
+# returning the runs nearest to one run by signature embedding, best first (ids, Trajectory rows,
+# (id, score) pairs or objects with `trajectory_id`). Until that function exists, `similar=` answers a
+# 400 that says so. Everything else (the explorer's "similar runs" link, the API's `similar` parameter)
+# already routes here.
+def similar_ids(*, trajectory_id: int, limit: int = SIMILAR_LIMIT) -> list[int]:
+    """Ids of the runs most similar to `trajectory_id`, best first (the dedup service's answer)."""
+    try:
+        from experience.services import dedup  # type: ignore[attr-defined]
+    except ImportError:
+        dedup = None
+    finder = getattr(dedup, "similar_runs", None)
+    if finder is None:
+        raise ValidationError("similar: similar-run search is not available yet", field="similar")
+    return [_id_of(item) for item in finder(trajectory_id=trajectory_id, limit=limit)]
+
+
+def _id_of(item: Any) -> int:
+    if isinstance(item, int):
+        return item
+    if isinstance(item, tuple | list):
+        return _id_of(item[0])
+    for name in ("trajectory_id", "pk", "id"):
+        if hasattr(item, name):
+            return int(getattr(item, name))
+    raise TypeError(f"similar_runs returned {item!r}, not a run")
+# --- end of the "similar runs" hook -------------------------------------------------------------------------
+
+
+@dataclass
+class Page:
+    """One keyset page: rows newest first, and the cursor of the next page (None on the last one)."""
+
+    rows: list[Trajectory] = field(default_factory=list)
+    next_cursor: int | None = None
+
+
+def page_after(queryset: QuerySet[Trajectory], *, after: int | None = None, limit: int = DEFAULT_PAGE) -> Page:
+    """The page of `queryset` (ordered by -id) after cursor `after`: one query whatever the table's size."""
+    limit = max(1, min(limit, MAX_PAGE))
+    if after is not None:
+        queryset = queryset.filter(id__lt=after)
+    rows = list(queryset.order_by("-id")[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return Page(rows=rows, next_cursor=rows[-1].pk if more else None)
+
+
+# --- reading filters from a mapping (query string, command line, JSON body) -------------------------------------
+
+_TEXT = ("task", "task_set", "model", "harness", "source", "source_format", "q")
+
+
+def filters_from_params(params: Mapping[str, Any]) -> TrajectoryFilters:
+    """Parse filters named as in TrajectoryFilters. Lists come as comma-separated text or JSON lists.
+
+    Raises ValidationError naming the parameter for a bad value or an unknown name.
+    """
+    known = {f.name for f in fields(TrajectoryFilters)}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise ValidationError(f"{unknown[0]}: not a filter; known: {', '.join(sorted(known))}", field=unknown[0])
+    values: dict[str, Any] = {name: _text(params, name) for name in _TEXT if name in params}
+    if "ids" in params:
+        values["ids"] = tuple(_integer(v, "ids") for v in _items(params["ids"]))
+    values.update(_choices(params, "status", Trajectory.Status.values))
+    values.update(_choices(params, "curation", Trajectory.Curation.values))
+    if "tags" in params:
+        values["tags"] = tuple(_items(params["tags"]))
+    if params.get("outcome"):
+        values["outcome"] = _choice(_text(params, "outcome"), OUTCOMES, "outcome")
+    if params.get("duplicate"):
+        values["duplicate"] = _choice(_text(params, "duplicate"), DUPLICATE_CHOICES, "duplicate")
+    for name in ("created_after", "created_before"):
+        if params.get(name):
+            values[name] = parse_moment(_text(params, name), name)
+    if params.get("similar") not in (None, ""):
+        values["similar"] = _integer(params["similar"], "similar")
+    return TrajectoryFilters(**values)
+
+
+def parse_moment(text: str, name: str) -> datetime:
+    """An ISO date (midnight, in the server's time zone) or date-time; naive times are the server's."""
+    moment = parse_datetime(text)
+    if moment is None:
+        day = parse_date(text)
+        if day is None:
+            raise ValidationError(f"{name}: {text!r} is not an ISO date or date-time", field=name)
+        moment = datetime.combine(day, time.min)
+    return timezone.make_aware(moment) if timezone.is_naive(moment) else moment
+
+
+def _text(params: Mapping[str, Any], name: str) -> str:
+    value = params[name]
+    if isinstance(value, list | tuple):
+        value = value[0] if value else ""
+    if not isinstance(value, str | int):
+        raise ValidationError(f"{name}: must be text", field=name)
+    return str(value).strip()
+
+
+def _items(value: Any) -> list[str]:
+    if isinstance(value, list | tuple):
+        raw = [str(v) for v in value]
+    else:
+        raw = str(value).split(",")
+    return [item.strip() for item in raw if item.strip()]
+
+
+def _choices(params: Mapping[str, Any], name: str, allowed: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    if name not in params:
+        return {}
+    return {name: tuple(_choice(item, tuple(allowed), name) for item in _items(params[name]))}
+
+
+def _choice(value: str, allowed: tuple[str, ...], name: str) -> str:
+    if value not in allowed:
+        raise ValidationError(f"{name}: {value!r} is not one of {', '.join(allowed)}", field=name)
+    return value
+
+
+def _integer(value: Any, name: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValidationError(f"{name}: {value!r} is not an integer", field=name) from None

@@ -1,0 +1,54 @@
+"""Bulk writes: Postgres COPY through Django's own connection, with the ORM as the fallback elsewhere.
+
+COPY runs on the psycopg connection under Django's cursor, so it joins the caller's `transaction.atomic`
+block: an error rolls it back with everything else. Values are written in COPY's text format; JSON
+columns take JSON text, which callers serialise once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db import connection
+
+
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def copy_rows(table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """COPY rows into `table` (Postgres only). The caller holds the transaction."""
+    statement = f"COPY {_quote(table)} ({', '.join(_quote(c) for c in columns)}) FROM STDIN"
+    with connection.cursor() as cursor:
+        with cursor.connection.cursor() as raw, raw.copy(statement) as copy:
+            for row in rows:
+                copy.write_row(row)
+
+
+def copy_then_insert_ignoring_conflicts(
+    table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, conflict: str
+) -> None:
+    """COPY into a temporary table, then INSERT … ON CONFLICT DO NOTHING into `table` (Postgres only).
+
+    For content-addressed rows that a concurrent writer may store at the same moment: a plain COPY would
+    fail on the unique key, while ON CONFLICT waits for the other writer and keeps its row.
+    """
+    staging = f"trove_staging_{table}"
+    cols = ", ".join(_quote(c) for c in columns)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"CREATE TEMP TABLE IF NOT EXISTS {_quote(staging)} "
+            f"(LIKE {_quote(table)} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+        )
+        cursor.execute(f"TRUNCATE {_quote(staging)}")
+    copy_rows(staging, columns, rows)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {_quote(table)} ({cols}) SELECT {cols} FROM {_quote(staging)} "
+            f"ORDER BY {_quote(conflict)} ON CONFLICT ({_quote(conflict)}) DO NOTHING"
+        )
+
+
+def _quote(name: str) -> str:
+    return connection.ops.quote_name(name)

@@ -1,0 +1,92 @@
+"""Reading stored runs back as the records they were ingested from (the inverse of ingest).
+
+`stored_records` walks any queryset of trajectories in chunks: a fixed number of queries per chunk (the
+trajectories, their steps, the blobs those steps refer to), memory bounded by one chunk, so an export of a
+million runs streams.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+
+from django.db.models import QuerySet
+
+from experience.models import Step, Trajectory
+from experience.records import StepRecord, TrajectoryRecord
+from experience.services.blobs import blob_get_many
+from experience.steps import referenced_hashes, step_record_from_parts
+
+CHUNK = 50  # trajectories per round of queries when streaming: bounds memory by a chunk's steps and blobs
+
+
+def stored_step_records(steps: Sequence[Step], *, context: bool = True) -> list[StepRecord]:
+    """Full StepRecords for step rows, fetching the blobs they refer to in one query.
+
+    With `context=False` a model call's request messages are not fetched (request_messages is None):
+    the cheap form for lists and for code that reads actions only.
+    """
+    hashes = [h for step in steps for h in referenced_hashes(step.blob_refs, context=context)]
+    blobs = blob_get_many(hashes) if hashes else {}
+    return [_step_record(step, blobs, context) for step in steps]
+
+
+def _step_record(step: Step, blobs: dict[str, bytes], context: bool) -> StepRecord:
+    refs = step.blob_refs if context else {k: v for k, v in step.blob_refs.items() if k != "request_messages"}
+    return step_record_from_parts(
+        kind=step.kind, payload=step.payload, blob_refs=refs, blobs=blobs,
+        started_at=step.started_at, ended_at=step.ended_at, duration_ms=step.duration_ms,
+        exit_code=step.exit_code, tokens_in=step.tokens_in, tokens_out=step.tokens_out,
+        call_id=step.call_id, is_error=step.is_error,
+    )
+
+
+def record_of(trajectory: Trajectory, steps: list[StepRecord]) -> TrajectoryRecord:
+    return TrajectoryRecord(
+        source=trajectory.source,
+        source_format=trajectory.source_format,
+        source_ref=trajectory.source_ref,
+        task_key=trajectory.task_key,
+        instruction=trajectory.instruction,
+        source_version=trajectory.source_version,
+        task_set=trajectory.task_set,
+        harness=trajectory.harness,
+        model=trajectory.model,
+        status=trajectory.status,
+        reward=trajectory.reward,
+        success=trajectory.success,
+        started_at=trajectory.started_at,
+        finished_at=trajectory.finished_at,
+        cost=trajectory.cost,
+        final_diff=trajectory.final_diff,
+        metadata=trajectory.metadata,
+        steps=steps,
+    )
+
+
+def stored_records(
+    trajectories: QuerySet[Trajectory], *, chunk: int = CHUNK
+) -> Iterator[tuple[Trajectory, TrajectoryRecord]]:
+    """Each trajectory of the queryset (in id order) with its whole record, one chunk at a time.
+
+    Keyset-paged on id, so rows added while it runs do not shift pages; a run deleted mid-way is skipped.
+    """
+    ordered = trajectories.defer(None).order_by("id")  # a record needs every column a list defers
+    after = 0
+    while True:
+        batch = list(ordered.filter(id__gt=after)[:chunk])
+        if not batch:
+            return
+        yield from _with_steps(batch)
+        after = batch[-1].pk
+
+
+def _with_steps(batch: list[Trajectory]) -> Iterable[tuple[Trajectory, TrajectoryRecord]]:
+    by_trajectory: dict[int, list[Step]] = defaultdict(list)
+    for step in Step.objects.filter(trajectory_id__in=[t.pk for t in batch]).order_by("trajectory_id", "seq"):
+        by_trajectory[step.trajectory_id].append(step)
+    all_steps = [s for t in batch for s in by_trajectory[t.pk]]
+    records = iter(stored_step_records(all_steps))
+    for trajectory in batch:
+        steps = [next(records) for _ in by_trajectory[trajectory.pk]]
+        yield trajectory, record_of(trajectory, steps)

@@ -1,0 +1,360 @@
+"""Dataset builds from the real store: runs ingested into Postgres, files written to a temporary directory."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from experience.distill.errors import EmptyDatasetError
+from experience.distill.rubric import LABELS, RUBRIC_VERSION
+from experience.distill.spec import DatasetSpec
+from experience.errors import Conflict, ValidationError
+from experience.models import DatasetVersion, Label, Trajectory
+from experience.services import datasets
+from tests.experience.services.dataset_store import run_record, store_run, store_tasks
+
+pytestmark = pytest.mark.django_db
+TASKS = [f"task-{n:02d}" for n in range(12)]
+
+
+@pytest.fixture(autouse=True)
+def dataset_dir(settings, tmp_path):
+    settings.TROVE_DATASET_DIR = tmp_path / "datasets"
+    return settings.TROVE_DATASET_DIR
+
+
+def build(name: str = "set", kind: str = "value", filters=None, **options) -> DatasetVersion:
+    dataset = datasets.dataset_get(ref=name) if datasets.dataset_list().filter(name=name).exists() else (
+        datasets.dataset_create(name=name, kind=kind, filters=filters, options=options))
+    version = datasets.dataset_version_request(dataset=dataset)
+    return datasets.dataset_version_build(version_id=version.pk)
+
+
+def rows_of(version: DatasetVersion) -> list[dict]:
+    rows = []
+    for name, relative in sorted(version.files.items()):
+        if name.endswith(".jsonl.gz"):
+            with gzip.open(Path(datasets.version_dir(version)).parent.parent / relative, "rt") as handle:
+                rows += [json.loads(line) for line in handle]
+    return rows
+
+
+def source_ids(version: DatasetVersion) -> set[int]:
+    return {int(i) for i in version.manifest["source_trajectory_ids"]}
+
+
+def test_a_value_build_writes_each_split_as_jsonl_and_parquet_with_a_manifest(dataset_dir):
+    store_tasks(TASKS)
+
+    version = build()
+
+    assert version.status == "ready" and version.error == ""
+    directory = dataset_dir / "set" / "1"
+    assert datasets.version_dir(version) == directory
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert manifest["content_hash"] == version.content_hash == version.manifest["content_hash"]
+    # 12 tasks x 4 runs; a good run has 5 decisions, a bad one 4: (2 x 5 + 2 x 4) x 12 rows.
+    assert version.row_count == manifest["rows"] == 216 == len(rows_of(version))
+    for entry in manifest["files"]:
+        path = directory / entry["name"]
+        assert version.files[entry["name"]] == f"set/1/{entry['name']}" and path.stat().st_size == entry["bytes"]
+        if entry["name"].endswith(".parquet"):
+            assert pq.read_table(path).num_rows == entry["rows"]
+    assert manifest["store"] == {"runs_read": 48, "steps_read": 24 * 10 + 24 * 8}  # two steps a decision
+    assert not list(dataset_dir.glob("set/.*")), "no scratch directory is left behind"
+
+
+def test_no_task_lands_in_two_splits_and_every_task_is_in_one():
+    store_tasks(TASKS)
+
+    version = build(splits={"train": 0.5, "val": 0.25, "test": 0.25})
+
+    split_of: dict[str, set[str]] = {}
+    for row in rows_of(version):
+        split_of.setdefault(row["task_key"], set()).add(row["split"])
+    assert set(split_of) == set(TASKS)
+    assert all(len(splits) == 1 for splits in split_of.values())
+    assert len({next(iter(s)) for s in split_of.values()}) == 3, "12 tasks spread over all three splits"
+    assert sum(version.manifest["splits"][s]["tasks"] for s in ("train", "val", "test")) == len(TASKS)
+
+
+def test_duplicates_and_rejected_runs_are_left_out_but_the_canonical_run_is_kept():
+    canonical = store_run("task-a")
+    duplicate = store_run("task-a", duplicate_of=canonical)
+    rejected = store_run("task-a", good=False, curation="rejected")
+    approved = store_run("task-a", good=False, curation="approved")
+
+    version = build()
+
+    assert source_ids(version) == {canonical.pk, approved.pk}
+    assert {int(row["trajectory_id"]) for row in rows_of(version)} == {canonical.pk, approved.pk}
+    assert version.manifest["runs_excluded"] == {"duplicate": 1, "rejected": 1}
+    assert duplicate.pk not in source_ids(version) and rejected.pk not in source_ids(version)
+
+
+def test_the_spec_can_keep_duplicates_and_rejected_runs():
+    canonical = store_run("task-a")
+    duplicate = store_run("task-a", duplicate_of=canonical)
+    rejected = store_run("task-a", good=False, curation="rejected")
+
+    version = build(include_duplicates=True, include_rejected=True)
+
+    assert source_ids(version) == {canonical.pk, duplicate.pk, rejected.pk}
+
+
+def test_pairs_are_only_made_within_a_task():
+    store_tasks(TASKS[:6], good=2, bad=3)
+    store_tasks(["only-wins"], good=3, bad=0)
+
+    version = build(kind="pairwise", max_pairs_per_task=4)
+
+    rows = rows_of(version)
+    task_of = dict(Trajectory.objects.values_list("id", "task_key"))
+    assert len(rows) == 6 * 4 and "only-wins" not in version.manifest["task_rows"]
+    for row in rows:
+        chosen, rejected = int(row["chosen_trajectory_id"]), int(row["rejected_trajectory_id"])
+        assert task_of[chosen] == task_of[rejected] == row["task_key"]
+        assert Trajectory.objects.get(pk=chosen).success and not Trajectory.objects.get(pk=rejected).success
+
+
+def test_rebuilding_the_same_spec_on_the_same_data_gives_the_same_hash_and_files(dataset_dir):
+    store_tasks(TASKS[:4])
+
+    first, second = build(), build()
+
+    assert (first.version, second.version) == (1, 2)
+    assert first.content_hash == second.content_hash
+    assert [f["sha256"] for f in first.manifest["files"]] == [f["sha256"] for f in second.manifest["files"]]
+    assert datasets.version_compare(a=first, b=second)["same_content"] is True
+
+
+@pytest.mark.parametrize("change", ["new run", "changed reward", "changed output", "run now rejected"])
+def test_any_change_in_the_data_changes_the_hash(change):
+    runs = store_tasks(TASKS[:4])
+    before = build()
+
+    target = runs[0]
+    if change == "new run":
+        store_run(TASKS[1], good=False)
+    elif change == "changed reward":
+        Trajectory.objects.filter(pk=target.pk).update(reward=0.5)
+    elif change == "changed output":
+        step = target.steps.filter(kind="command").order_by("seq").first()
+        step.payload = step.payload | {"output": "something else"}
+        step.save()
+    else:
+        Trajectory.objects.filter(pk=target.pk).update(curation_status="rejected")
+    after = build()
+
+    assert after.status == "ready" and after.content_hash != before.content_hash
+
+
+def test_a_spec_that_matches_no_run_is_refused_naming_the_filters_and_records_nothing(dataset_dir):
+    store_tasks(TASKS[:2])
+    dataset = datasets.dataset_create(name="empty", kind="value", filters={"models": ["nobody"]})
+
+    with pytest.raises(EmptyDatasetError) as raised:
+        datasets.dataset_version_request(dataset=dataset)
+
+    assert "no stored run matches the filters" in raised.value.message and "nobody" in raised.value.message
+    assert raised.value.status_code == 422
+    assert not dataset.versions.exists() and not (dataset_dir / "empty").exists()
+
+
+def test_a_spec_whose_matches_are_all_left_out_says_why():
+    canonical = store_run("task-a")
+    store_run("task-a", duplicate_of=canonical)
+    Trajectory.objects.filter(pk=canonical.pk).update(curation_status="rejected")
+    store_run("task-b", status="infra_error", success=None, reward=None)
+    dataset = datasets.dataset_create(name="gone", kind="value")
+
+    with pytest.raises(EmptyDatasetError) as raised:
+        datasets.dataset_version_request(dataset=dataset)
+
+    assert raised.value.message == (
+        "3 runs match the filters but every one is left out "
+        "(duplicate: 1, rejected: 1, unfinished, cancelled or infra_error: 1)"
+    )
+
+
+def test_a_pairwise_spec_with_no_task_of_mixed_outcomes_is_refused():
+    store_tasks(["a", "b"], good=2, bad=0)
+    store_tasks(["c"], good=0, bad=2)
+    dataset = datasets.dataset_create(name="nopairs", kind="pairwise")
+
+    with pytest.raises(EmptyDatasetError, match="no task has both a successful and a failed run"):
+        datasets.dataset_version_request(dataset=dataset)
+
+
+def test_a_build_that_makes_no_rows_fails_with_the_error_and_leaves_no_files(dataset_dir):
+    record = run_record("task-a")
+    record.steps = [s for s in record.steps if s.kind == "model_call"]
+    for step in record.steps:
+        step.response_text = ""  # empty replies decide nothing: no decision points, no rows
+    from experience.services.ingest import trajectory_ingest
+
+    trajectory_ingest(record=record)
+    dataset = datasets.dataset_create(name="nodecisions", kind="value")
+    version = datasets.dataset_version_request(dataset=dataset)
+
+    built = datasets.dataset_version_build(version_id=version.pk)
+
+    assert built.status == "failed" and built.files == {} and built.content_hash == ""
+    assert built.error.startswith("the spec matched no rows (1 runs offered")
+    assert not any((dataset_dir / "nodecisions").iterdir())
+
+
+@pytest.mark.parametrize(("filters", "expected"), [
+    ({"task_sets": ["other-set"]}, {"other-set"}),
+    ({"models": ["policy-b"]}, {"model-b"}),
+    ({"harnesses": ["swe-agent"]}, {"harness"}),
+    ({"sources": ["api"]}, {"api"}),
+    ({"outcome": "failure"}, {"failed"}),
+    ({"curation": ["approved"]}, {"approved"}),
+    ({"tags": ["gold", "py"]}, {"tagged"}),
+    ({"created_after": "2100-01-01"}, set()),
+    ({"created_before": "2100-01-01", "task_keys": ["k-late"]}, {"late"}),
+])  # fmt: skip
+def test_each_filter_selects_exactly_its_runs(filters, expected):
+    made = {
+        "plain": store_run("k-plain"),
+        "other-set": store_run("k-set", task_set="other-set"),
+        "model-b": store_run("k-model", model="policy-b"),
+        "harness": store_run("k-harness", harness="swe-agent"),
+        "api": store_run("k-api", source="api"),
+        "failed": store_run("k-failed", good=False),
+        "approved": store_run("k-approved", curation="approved"),
+        "tagged": store_run("k-tagged", tags=["gold", "py", "x"]),
+        "half-tagged": store_run("k-half", tags=["gold"]),
+        "late": store_run("k-late"),
+    }
+    spec = datasets.spec_for(kind="value", filters=filters)
+
+    selected = {int(run.trajectory_id) for run in datasets.source_runs(spec)}
+
+    assert selected == {made[name].pk for name in expected}
+
+
+@pytest.mark.parametrize(("filters", "field"), [
+    ({"model": ["x"]}, "filters.model"),
+    ({"outcome": "maybe"}, "filters.outcome"),
+    ({"curation": ["great"]}, "filters.curation"),
+    ({"created_after": "last week"}, "filters.created_after"),
+    ({"tags": [1, 2]}, "filters.tags"),
+])  # fmt: skip
+def test_bad_filters_are_refused_naming_the_field(filters, field):
+    with pytest.raises(ValidationError) as raised:
+        datasets.dataset_create(name="bad", kind="value", filters=filters)
+
+    assert raised.value.field == field
+
+
+def test_bad_options_and_names_are_refused_naming_the_field():
+    with pytest.raises(ValidationError) as raised:
+        datasets.dataset_create(name="ok", kind="value", options={"gamma": 2})
+    assert raised.value.field == "gamma"
+    with pytest.raises(ValidationError) as raised:
+        datasets.dataset_create(name="../escape", kind="value")
+    assert raised.value.field == "name"
+    datasets.dataset_create(name="taken", kind="value")
+    with pytest.raises(Conflict):
+        datasets.dataset_create(name="taken", kind="outcome")
+
+
+def test_equal_filters_in_another_order_make_the_same_spec():
+    one = datasets.spec_for(kind="value", filters={"models": ["b", "a", "a"], "tags": "x", "outcome": None})
+    two = datasets.spec_for(kind="value", filters={"tags": ["x"], "models": ["a", "b"]})
+
+    assert one == two and one.filters == {"models": ["a", "b"], "tags": ["x"]}
+
+
+def test_the_read_path_rebuilds_each_run_exactly_as_it_was_ingested():
+    record = run_record("task-a", metadata={"seed": 3})
+    trajectory = store_run("task-a", metadata={"seed": 3})
+
+    (run,) = list(datasets.source_runs(DatasetSpec(kind="value")))
+
+    assert run.trajectory_id == str(trajectory.pk) and run.row_id == trajectory.pk
+    assert run.record.steps == record.steps
+    assert run.record.instruction == record.instruction and run.record.metadata == {"seed": 3}
+    assert list(run.step_ids) == list(trajectory.steps.order_by("seq").values_list("id", flat=True))
+
+
+def test_runs_come_ordered_by_task_then_id_across_batches(monkeypatch):
+    monkeypatch.setattr(datasets, "RUN_BATCH", 3)
+    for key in ["b", "a", "c", "a", "b", "a", "c"]:
+        store_run(key)
+
+    runs = list(datasets.source_runs(DatasetSpec(kind="value")))
+
+    keys = [(run.task_key, run.row_id) for run in runs]
+    assert keys == sorted(keys) and len(keys) == 7
+
+
+def test_a_build_writes_the_rubric_labels_once_with_their_version():
+    good = store_run("task-a")
+    store_run("task-a", good=False)
+
+    build()
+    build()
+
+    labels = Label.objects.filter(trajectory=good, source="rubric")
+    assert labels.count() == len(LABELS) and set(labels.values_list("version", flat=True)) == {RUBRIC_VERSION}
+    verified = labels.get(name="verified_fix")
+    assert verified.value is True
+    # verified once the repro passes after the edit: the 4th command, step 7 of the run
+    assert verified.step.seq == 7 and verified.step.kind == "command"
+    assert labels.get(name="edited_only_tests").value is False and labels.get(name="edited_only_tests").step is None
+
+
+def test_a_finished_version_is_not_built_again_and_a_held_build_is_left_alone():
+    store_tasks(TASKS[:2])
+    version = build()
+    files = dict(version.files)
+
+    again = datasets.dataset_version_build(version_id=version.pk)
+
+    assert again.status == "ready" and again.files == files and again.finished_at == version.finished_at
+    pending = datasets.dataset_version_request(dataset=version.dataset)
+    with datasets._build_lock(pending.pk) as held:
+        assert held
+        from django.db import connections
+
+        other = connections.create_connection("default")
+        try:
+            with other.cursor() as cursor:
+                cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [datasets._LOCK_CLASS, pending.pk])
+                assert cursor.fetchone()[0] is False, "a second builder is kept out"
+        finally:
+            other.close()
+    pending.refresh_from_db()
+    assert pending.status == "building"
+
+
+def test_version_numbers_follow_each_other_and_freeze_the_spec():
+    store_tasks(TASKS[:2])
+    dataset = datasets.dataset_create(name="frozen", kind="value", options={"gamma": 0.9})
+    first = datasets.dataset_version_request(dataset=dataset)
+    dataset.options = {"gamma": 0.5}
+    dataset.save()
+    second = datasets.dataset_version_request(dataset=dataset)
+
+    assert (first.version, second.version) == (1, 2)
+    assert (first.spec["gamma"], second.spec["gamma"]) == (0.9, 0.5)
+
+
+def test_compare_reports_runs_tasks_and_spec_changes():
+    store_tasks(TASKS[:3])
+    first = build(name="cmp")
+    store_tasks(["task-new"])
+    second = build(name="cmp")
+
+    diff = datasets.version_compare(a=first, b=second)
+
+    assert diff["same_content"] is False and diff["spec_changes"] == {}
+    assert diff["runs"] == {"added": 4, "removed": 0, "kept": 12}
+    assert diff["tasks"]["added"] == ["task-new"] and diff["rows"]["delta"] == 18
