@@ -5,18 +5,20 @@
 Workload: synthetic SWE-style runs, each a system prompt and a task, then `--calls` model calls whose
 request context grows by two messages a call (the reply and the command output before it), each followed
 by a command step (a 0.2-2 KB output, sometimes a 3-6 KB one, which goes to a blob). About 100 steps a run.
-Every run has its own task and outputs; only the system prompt is shared.
+Every run has its own task and outputs; only the system prompt is shared (one per set of runs).
 
 Phases, on a scratch database created for the run and dropped after (tables emptied between phases):
 
 - bulk: `trajectories_ingest_many` in batches of 20 runs: validation, preparation (blob hashing,
   compression, previews, the exact-dedup hash), blobs, trajectories and steps (COPY), one transaction each.
-- copy: the floor. The same rows (trajectories, blobs, steps), prepared and compressed beforehand, written
-  with raw COPY in the same batches; only the database work is timed.
+- copy: the floor. The same kind of rows (trajectories, blobs, steps) for a second set of runs of the same
+  shape, prepared and compressed beforehand, written with raw COPY in the same batches, one transaction
+  each; only the database work is timed.
 - orm: the naive way, per-row `.save()` (autocommit) of the same prepared rows, on the first runs only.
 
-bulk and copy take turns for `--rounds` rounds (a noisy neighbour on a shared machine hits both alike);
-each figure is the median round. Then one `--calls`-call run is stored both ways to compare bytes on disk
+bulk and copy take turns batch by batch (a noisy neighbour on a shared machine hits both alike), for
+`--rounds` rounds from empty tables; each figure is the median round, bulk_vs_copy the median of the
+rounds' ratios. Then one `--calls`-call run is stored both ways to compare bytes on disk
 (row sizes as Postgres stores them, its own TOAST compression included): with blobs (steps referencing
 message and output blobs, each distinct content once) and without (every step holding its whole content
 inline, the request context as JSON, as a store without blobs would).
@@ -71,16 +73,20 @@ def main() -> None:
 
 def measure(args: argparse.Namespace) -> dict:
     rng = random.Random(7)
-    runs = [make_run(rng, index, args.calls) for index in range(args.runs)]
-    steps = sum(len(r.steps) for r in runs)
+    # Two sets of runs of the same shape: bulk writes one, raw COPY the other, batch by batch in turns, so
+    # both see the same table sizes and the same noisy neighbours; their content differs so neither finds
+    # the other's blobs already stored.
+    bulk_runs = [make_run(rng, index, args.calls) for index in range(args.runs)]
+    copy_runs = [make_run(rng, args.runs + index, args.calls, system=SYSTEM_PROMPT + " (B)")
+                 for index in range(args.runs)]
+    steps = sum(len(r.steps) for r in bulk_runs)
     bulk, copy = [], []
     for _ in range(args.rounds):
-        empty_tables()
-        bulk.append(steps / time_bulk(runs))
-        empty_tables()
-        copy.append(steps / time_copy(runs))
+        bulk_s, copy_s = time_in_turns(bulk_runs, copy_runs)
+        bulk.append(steps / bulk_s)
+        copy.append(sum(len(r.steps) for r in copy_runs) / copy_s)
     empty_tables()
-    orm_runs = runs[: args.orm_runs]
+    orm_runs = bulk_runs[: args.orm_runs]
     orm = sum(len(r.steps) for r in orm_runs) / time_orm(orm_runs)
     with_blobs, without_blobs = bytes_per_step(make_run(random.Random(11), 10_000, args.calls))
     from django.db import connection
@@ -93,7 +99,7 @@ def measure(args: argparse.Namespace) -> dict:
         "bulk_steps_per_s": round(statistics.median(bulk)),
         "copy_steps_per_s": round(statistics.median(copy)),
         "orm_steps_per_s": round(orm),
-        "bulk_vs_copy": round(statistics.median(bulk) / statistics.median(copy), 3),
+        "bulk_vs_copy": round(statistics.median(b / c for b, c in zip(bulk, copy, strict=True)), 3),
         "bulk_rounds": [round(x) for x in bulk],
         "copy_rounds": [round(x) for x in copy],
         "bytes_per_step_with_blobs": round(with_blobs),
@@ -104,18 +110,48 @@ def measure(args: argparse.Namespace) -> dict:
     }
 
 
+def time_in_turns(bulk_runs: list, copy_runs: list) -> tuple[float, float]:
+    """(bulk seconds, copy seconds) for all runs, the two ways taking turns batch by batch (alternating
+    which goes first). Preparing the COPY rows is not timed."""
+    empty_tables()
+    ids = allocate_trajectory_ids(len(copy_runs))
+    prepared, written, offset = [], set(), 0
+    for batch in batches(copy_runs):
+        trajectories, blobs, steps = prepared_rows(batch, ids[offset : offset + len(batch)], written)
+        prepared.append((_with_defaults(trajectories), blobs, steps))
+        offset += len(batch)
+    bulk_s = copy_s = 0.0
+    for turn, (bulk_batch, rows) in enumerate(zip(batches(bulk_runs), prepared, strict=True)):
+        if turn % 2:
+            copy_s += time_copy(rows)
+            bulk_s += time_bulk(bulk_batch)
+        else:
+            bulk_s += time_bulk(bulk_batch)
+            copy_s += time_copy(rows)
+    return bulk_s, copy_s
+
+
+def allocate_trajectory_ids(n: int) -> list[int]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT nextval(pg_get_serial_sequence('experience_trajectory', 'id'))"
+                       " FROM generate_series(1, %s)", [n])
+        return [row[0] for row in cursor.fetchall()]
+
+
 # ---------------------------------------------------------------- the workload
 
 
-def make_run(rng: random.Random, index: int, calls: int):
+def make_run(rng: random.Random, index: int, calls: int, *, system: str = SYSTEM_PROMPT):
     from experience.records import MessageRecord, StepRecord, TrajectoryRecord
 
     start = datetime(2025, 1, 1, tzinfo=UTC) + timedelta(hours=index)
     task = f"bench__repo-{index}"
     instruction = f"Fix issue {index}: " + words(rng, 60)
-    context = [MessageRecord("system", SYSTEM_PROMPT), MessageRecord("user", instruction)]
+    context = [MessageRecord("system", system), MessageRecord("user", instruction)]
     steps = [
-        StepRecord(kind="message", text=SYSTEM_PROMPT, payload={"role": "system"}),
+        StepRecord(kind="message", text=system, payload={"role": "system"}),
         StepRecord(kind="message", text=instruction, payload={"role": "user"}),
     ]
     moment = start
@@ -158,16 +194,15 @@ def empty_tables() -> None:
 # ---------------------------------------------------------------- the three ways
 
 
-def time_bulk(runs: list) -> float:
+def time_bulk(batch: list) -> float:
     from experience.services.ingest import trajectories_ingest_many
 
     started = time.perf_counter()
-    for batch in batches(runs):
-        trajectories_ingest_many(records=batch)
+    trajectories_ingest_many(records=batch)
     return time.perf_counter() - started
 
 
-def prepared_rows(runs: list, first_id: int, written: set[str]) -> tuple[list, list, list]:
+def prepared_rows(runs: list, ids: list[int], written: set[str]) -> tuple[list, list, list]:
     """The rows the bulk path writes for `runs`, as COPY tuples: trajectories, blobs (those not `written`
     by an earlier batch), steps."""
     from django.utils import timezone
@@ -180,8 +215,7 @@ def prepared_rows(runs: list, first_id: int, written: set[str]) -> tuple[list, l
     sink = BlobSink()
     now = timezone.now()
     trajectories, steps = [], []
-    for offset, run in enumerate(runs):
-        pk = first_id + offset
+    for pk, run in zip(ids, runs, strict=True):
         totals = _totals(run.steps, run.metadata)
         trajectories.append((pk, run.source, run.source_format, run.source_ref, run.task_key, run.instruction,
                              run.harness, run.model, run.status, run.reward, run.success, totals["n_steps"],
@@ -199,40 +233,34 @@ TRAJECTORY_COPY_COLUMNS = (
     "created_at", "updated_at",
 )
 EMPTY_DEFAULTS = ("uid", "source_version", "task_set", "template", "image_digest", "metadata", "original_blob",
-                  "final_diff", "is_duplicate", "curation_status", "tags", "notes")
+                  "final_diff", "is_duplicate", "curation_status", "tags", "notes", "search_indexed")
 
 
-def time_copy(runs: list) -> float:
-    """Raw COPY of the same rows, batch by batch, one transaction each; preparing them is not timed."""
+def time_copy(rows: tuple[list, list, list]) -> float:
+    """Raw COPY of one batch's prepared rows (trajectories, blobs, steps) in one transaction."""
     from django.db import transaction
 
     from experience.services.bulk import copy_rows
     from experience.services.ingest import _STEP_COLUMNS
 
-    prepared, written = [], set()
-    first_id = 1
-    for batch in batches(runs):
-        prepared.append(prepared_rows(batch, first_id, written))
-        first_id += len(batch)
-    prepared = [(_with_defaults(t), b, s) for t, b, s in prepared]
+    trajectories, blobs, steps = rows
     started = time.perf_counter()
-    for trajectories, blobs, steps in prepared:
-        with transaction.atomic():
-            copy_rows("experience_trajectory", TRAJECTORY_COPY_COLUMNS + EMPTY_DEFAULTS, trajectories)
-            copy_rows("experience_blob", ("sha256", "size", "encoding", "data", "created_at"), blobs)
-            copy_rows("experience_step", _STEP_COLUMNS, steps)
+    with transaction.atomic():
+        copy_rows("experience_trajectory", TRAJECTORY_COPY_COLUMNS + EMPTY_DEFAULTS, trajectories)
+        copy_rows("experience_blob", ("sha256", "size", "encoding", "data", "created_at"), blobs)
+        copy_rows("experience_step", _STEP_COLUMNS, steps)
     return time.perf_counter() - started
 
 
 def _with_defaults(rows: list) -> list:
     import uuid
 
-    return [(*row, str(uuid.uuid4()), "", "", "", "", "{}", "", "", False, "pending", "[]", "") for row in rows]
+    return [(*row, str(uuid.uuid4()), "", "", "", "", "{}", "", "", False, "pending", "[]", "", False) for row in rows]
 
 
 def time_orm(runs: list) -> float:
     """Per-row saves of the same rows, each in its own transaction (autocommit), as naive code would."""
-    from experience.models import Blob, Step, Trajectory
+    from experience.models import Blob, Trajectory
     from experience.services.blobs import _encode
     from experience.services.ingest import _step_row, _trajectory_fields
     from experience.steps import BlobSink, prepare_step

@@ -5,11 +5,12 @@ Every part is its own process: a mock OpenAI-compatible upstream (aiohttp, a fix
 or streamed), Trove's proxy (its app served by `run_proxy`, recording into an `InProcessSink` whose
 writer counts — `--sink=db` is for the real database writer), LiteLLM's proxy (from its own venv,
 var/bench-venvs/litellm, started with a master key and the local cost map), and the load generator
-(aiohttp client, a new process per run). Each target gets a warm-up, then these phases, each split into
-`--rounds` rounds in which the targets take turns (so a noisy neighbour on a shared machine hits all of
-them alike; latencies are pooled, throughput is the median round):
+(aiohttp client, a new process per run). Each target gets a warm-up, then these phases; the loaded ones
+are split into `--rounds` rounds in which the targets take turns (so a noisy neighbour on a shared
+machine hits all of them alike; latencies are pooled, throughput is the median round):
 
-- unloaded: 1 connection, one request at a time — what the proxy adds to a call, free of queueing;
+- unloaded: one request at a time, to each target in turn (one loadgen, one connection per target) —
+  what the proxy adds to a call, free of queueing, each target sampled under the same conditions;
 - load: 16 connections, `--requests` plain requests — throughput, and latency under load;
 - stream: 16 connections, a third as many streamed requests.
 
@@ -189,31 +190,36 @@ def role_trove(port: int, upstream_url: str, sink_kind: str) -> None:
         sink.close(30)
 
 
-def role_loadgen(url: str, *, requests: int, concurrency: int, stream: bool) -> None:
+def role_loadgen(urls: list[str], *, requests: int, concurrency: int, stream: bool) -> None:
+    """One URL: `requests` requests over `concurrency` connections. Several URLs: one connection each,
+    one request at a time, taking turns (paired samples under the same conditions)."""
     import aiohttp
 
     body = json.dumps({**REQUEST, "stream": True} if stream else REQUEST).encode()
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {MASTER_KEY}"}
-    latencies: list[float] = []
-    failures: dict[str, int] = {}
+    latencies: dict[str, list[float]] = {url: [] for url in urls}
+    failures: dict[str, dict[str, int]] = {url: {} for url in urls}
+
+    async def one(session: aiohttp.ClientSession, url: str) -> None:
+        started = time.perf_counter()
+        try:
+            async with session.post(url, data=body, headers=headers) as response:
+                await response.read()
+                ok, reason = response.status == 200, f"status {response.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            ok, reason = False, type(exc).__name__
+        if ok:
+            latencies[url].append((time.perf_counter() - started) * 1000.0)
+        else:
+            failures[url][reason] = failures[url].get(reason, 0) + 1
 
     async def worker(session: aiohttp.ClientSession, share: int) -> None:
         for _ in range(share):
-            started = time.perf_counter()
-            try:
-                async with session.post(url, data=body, headers=headers) as response:
-                    await response.read()
-                    ok = response.status == 200
-                    reason = f"status {response.status}"
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                ok, reason = False, type(exc).__name__
-            if ok:
-                latencies.append((time.perf_counter() - started) * 1000.0)
-            else:
-                failures[reason] = failures.get(reason, 0) + 1
+            for url in urls:
+                await one(session, url)
 
     async def main() -> float:
-        connector = aiohttp.TCPConnector(limit=concurrency)
+        connector = aiohttp.TCPConnector(limit=concurrency * len(urls))
         timeout = aiohttp.ClientTimeout(total=60)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             shares = [
@@ -226,7 +232,8 @@ def role_loadgen(url: str, *, requests: int, concurrency: int, stream: bool) -> 
     loop = _new_loop()
     elapsed = loop.run_until_complete(main())
     loop.close()
-    print(json.dumps(_summary(latencies, failures, requests, elapsed)))
+    summaries = {url: _summary(latencies[url], failures[url], requests, elapsed) for url in urls}
+    print(json.dumps(summaries[urls[0]] if len(urls) == 1 else {"per_url": summaries}))
 
 
 def _summary(latencies: list[float], failures: dict[str, int], sent: int, elapsed: float) -> dict[str, Any]:
@@ -290,11 +297,11 @@ def _wait_ready(
     raise RuntimeError(f"{url} did not become ready in {timeout}s:\n{log.read_text()[-3000:]}")
 
 
-def _load(url: str, *, requests: int, concurrency: int, stream: bool = False) -> dict[str, Any]:
-    args = _self(
-        "--role", "loadgen", "--url", url, "--requests", str(requests), "--concurrency", str(concurrency)
-    ) + (["--stream"] if stream else [])
-    done = subprocess.run(args, capture_output=True, timeout=900, check=True, cwd=REPO)
+def _load(url: str | list[str], *, requests: int, concurrency: int, stream: bool = False) -> dict[str, Any]:
+    urls = [url] if isinstance(url, str) else url
+    args = _self("--role", "loadgen", "--requests", str(requests), "--concurrency", str(concurrency))
+    args += [arg for one in urls for arg in ("--url", one)] + (["--stream"] if stream else [])
+    done = subprocess.run(args, capture_output=True, timeout=1800, check=True, cwd=REPO)
     return json.loads(done.stdout.decode().strip().splitlines()[-1])
 
 
@@ -353,29 +360,36 @@ def _start_litellm(
 
 
 PHASES = ("unloaded", "load", "stream")
+LOADED_PHASES = ("load", "stream")
 
 
 def _phase_load(phase: str, requests: int, rounds: int) -> dict[str, Any]:
-    """The loadgen arguments of one round of a phase."""
-    if phase == "unloaded":
-        return {"requests": max(100, requests // 6 // rounds), "concurrency": 1}
+    """The loadgen arguments of one round of a loaded phase."""
     if phase == "load":
         return {"requests": max(100, requests // rounds), "concurrency": CONCURRENCY}
     return {"requests": max(100, requests // 3 // rounds), "concurrency": CONCURRENCY, "stream": True}
 
 
 def _measure(urls: dict[str, str], requests: int, rounds: int) -> dict[str, dict[str, Any]]:
-    """Each phase in `rounds` rounds, the targets taking turns within a round, so that the noise of a
-    shared machine falls on all of them alike. Latencies are pooled over the rounds; the throughput is
-    the median of the rounds'."""
+    """The unloaded phase sends to the targets in turn, one request each, so each target's samples are
+    taken under the same conditions. The loaded phases run in `rounds` rounds, the targets taking
+    turns within a round; latencies are pooled over the rounds, throughput is the median round's."""
     for url in urls.values():
         _load(url, requests=WARMUP_REQUESTS, concurrency=CONCURRENCY)  # pools, caches, lazy imports
-    runs: dict[str, dict[str, list[dict[str, Any]]]] = {name: {p: [] for p in PHASES} for name in urls}
-    for phase in PHASES:
+    unloaded = _load(list(urls.values()), requests=max(100, requests // 6), concurrency=1)["per_url"]
+    results = {name: {"unloaded": _without_samples(unloaded[url])} for name, url in urls.items()}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {name: {p: [] for p in LOADED_PHASES} for name in urls}
+    for phase in LOADED_PHASES:
         for _ in range(rounds):
             for name, url in urls.items():
                 runs[name][phase].append(_load(url, **_phase_load(phase, requests, rounds)))
-    return {name: {phase: _pooled(runs[name][phase]) for phase in PHASES} for name in urls}
+    for name in urls:
+        results[name].update({phase: _pooled(runs[name][phase]) for phase in LOADED_PHASES})
+    return results
+
+
+def _without_samples(summary: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in summary.items() if key not in ("latencies_ms", "rps", "elapsed_s")}
 
 
 def _pooled(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -386,10 +400,9 @@ def _pooled(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             failures[reason] = failures.get(reason, 0) + count
     pooled = _summary(latencies, failures, sum(one["sent"] for one in rounds), 0.0)
     pooled["elapsed_s"] = round(sum(one["elapsed_s"] for one in rounds), 3)
-    pooled["rps"] = statistics.median(one["rps"] for one in rounds if one["rps"] is not None)
+    pooled["rps"] = round(statistics.median(one["rps"] for one in rounds if one["rps"] is not None), 1)
     pooled["rps_rounds"] = [one["rps"] for one in rounds]
-    del pooled["latencies_ms"]
-    return pooled
+    return _without_samples(pooled) | {"rps": pooled["rps"], "rps_rounds": pooled["rps_rounds"]}
 
 
 def _sent(results: dict[str, dict[str, Any]]) -> int:
@@ -480,7 +493,8 @@ def orchestrate(requests: int, sink_kind: str, skip_litellm: bool, rounds: int) 
         )
         _wait_ready(f"{upstream_url}/v1/models", processes[0], upstream_log, timeout=30)
         _wait_ready(f"{trove_url}/healthz", processes[1], trove_log, timeout=60)
-        litellm_url, litellm_missing = None, "skipped (--skip-litellm)"
+        litellm_url: str | None = None
+        litellm_missing: str | None = "skipped (--skip-litellm)"
         if not skip_litellm:
             litellm, litellm_url, litellm_missing = _start_litellm(workdir, upstream_url)
             if litellm is not None:
@@ -518,7 +532,7 @@ def main() -> None:
     )
     parser.add_argument("--port", type=int)
     parser.add_argument("--upstream")
-    parser.add_argument("--url")
+    parser.add_argument("--url", action="append", default=[])
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
     parser.add_argument("--stream", action="store_true")

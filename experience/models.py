@@ -83,6 +83,8 @@ class Trajectory(models.Model):
     notes = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # search: whether every step has its StepSearch document (filled off the ingest path, see StepSearch)
+    search_indexed = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-id"]
@@ -97,6 +99,8 @@ class Trajectory(models.Model):
             models.Index(fields=["harness"], name="trajectory_harness_idx"),
             # "was this file imported before?" is a lookup by the file's hash
             models.Index(fields=["original_blob"], name="trajectory_original_idx"),
+            # the search indexer's queue: small, since runs leave it within seconds of arriving
+            models.Index(fields=["id"], condition=models.Q(search_indexed=False), name="trajectory_unindexed_idx"),
         ]
 
     def __str__(self) -> str:
@@ -146,6 +150,30 @@ class Step(models.Model):
 
     def __str__(self) -> str:
         return f"step {self.seq} {self.kind}"
+
+
+class TsVectorField(models.Field):
+    """A Postgres tsvector (text elsewhere, where it stays unused: SQLite searches by substring)."""
+
+    def db_type(self, connection) -> str:
+        return "tsvector" if connection.vendor == "postgresql" else "text"
+
+
+class StepSearch(models.Model):
+    """A step's full-text search document (Postgres), answered by a GIN index (migration 0002).
+
+    Kept out of the ingest path: computing a tsvector costs Postgres more than storing the step, so
+    experience.services.search_index fills these rows in batches after runs arrive (and search also scans
+    the steps of runs not yet indexed, so results never lag). `step_id` is not a foreign key: steps are only
+    ever deleted with their trajectory, and this row goes with the trajectory too.
+    """
+
+    step_id = models.BigIntegerField(primary_key=True)
+    trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="+")
+    document = TsVectorField()
+
+    def __str__(self) -> str:
+        return f"search document of step {self.step_id}"
 
 
 class CurationEvent(models.Model):

@@ -4,17 +4,20 @@ One vocabulary of filters serves the explorer page, the API (whose FilterSet tra
 into a `TrajectoryFilters`), exports and bulk curation (`filters_from_params` reads the same names from any
 mapping, e.g. a command line or a JSON body).
 
-Full text: on Postgres, `q` is a websearch query ("quoted phrases", `or`, `-not`) over each step's searchable
-text, answered by the GIN expression index of migration 0002 (STEP_SEARCH_DOCUMENT must stay identical to
-it). The 'simple' configuration lowercases but does not stem, which suits commands, paths and code. What is
-searchable: a step's preview and its inline texts (command, thought, output, reply, tool calls), i.e. all of
-any text up to 2 KB and the first 300 characters of a longer one. On SQLite (the embedded default) `q` is a
-case-insensitive substring match over the same content, a simpler fallback.
+Full text: on Postgres, `q` is a websearch query (every word in the same step, "quoted phrases", `or`; a
+leading '-' is kept as part of a command flag rather than read as "not") over each step's searchable text,
+answered by the GIN index on StepSearch documents (see experience.services.search_index for why they are
+filled after ingest, and how search stays complete meanwhile). The 'simple' configuration lowercases but
+does not stem, which suits commands, paths and code. What is searchable: a step's preview and its inline
+texts (command, thought, output, reply, tool calls), i.e. all of any text up to 2 KB and the first 300
+characters of a longer one. On SQLite (the embedded default) `q` is a case-insensitive substring match over
+the same content, a simpler fallback.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime, time
@@ -29,16 +32,8 @@ from django.utils.dateparse import parse_date, parse_datetime
 
 from experience.errors import ValidationError
 from experience.models import Step, Trajectory
+from experience.services.search_index import STEP_SEARCH_DOCUMENT
 
-STEP_SEARCH_DOCUMENT = (
-    "to_tsvector('simple'::regconfig, "
-    "left(coalesce(preview, ''), 1000) || ' ' || "
-    "left(coalesce(payload ->> 'command', ''), 20000) || ' ' || "
-    "left(coalesce(payload ->> 'text', ''), 20000) || ' ' || "
-    "left(coalesce(payload ->> 'output', ''), 20000) || ' ' || "
-    "left(coalesce(payload ->> 'response_text', ''), 20000) || ' ' || "
-    "left(coalesce(payload ->> 'tool_calls', ''), 20000))"
-)
 OUTCOMES = ("success", "failure", "unknown")
 DUPLICATE_CHOICES = ("any", "exclude", "only")
 LIST_DEFERRED = ("instruction", "final_diff", "metadata", "notes")  # large columns a list never shows
@@ -134,17 +129,39 @@ def _with_tags(queryset: QuerySet[Trajectory], tags: Iterable[str]) -> QuerySet[
     return queryset
 
 
+# Indexed runs are answered by the GIN index on StepSearch; runs the indexer has not reached yet (a partial
+# index lists them) are matched by computing their steps' documents on the fly, so results never lag ingest.
+_STEP_MATCHES = f"""
+SELECT trajectory_id FROM experience_stepsearch WHERE document @@ websearch_to_tsquery('simple', %s)
+UNION ALL
+SELECT s.trajectory_id FROM experience_step s
+WHERE s.trajectory_id IN (SELECT id FROM experience_trajectory WHERE NOT search_indexed)
+  AND NOT EXISTS (SELECT 1 FROM experience_stepsearch x WHERE x.step_id = s.id)
+  AND {STEP_SEARCH_DOCUMENT} @@ websearch_to_tsquery('simple', %s)
+"""
+
+
+_FLAG = re.compile(r'(^|[\s"])-+(?=\S)')
+_TOKEN = re.compile(r'"([^"]*)"|(\S+)')
+
+
+def search_query(q: str) -> str:
+    """`q` as a websearch query, except that a leading '-' stays part of its word: people paste commands
+    (`grep -rn x`), whose flags must not turn into negations."""
+    return _FLAG.sub(r"\1", q)
+
+
 def _step_matches(q: str) -> Any:
     """A subquery of the trajectory ids having a step that matches `q`."""
     if connection.vendor == "postgresql":
-        return RawSQL(
-            f"SELECT trajectory_id FROM experience_step WHERE {STEP_SEARCH_DOCUMENT} @@ websearch_to_tsquery('simple', %s)",
-            (q,),
-        )
-    phrase = q.strip('"')
-    steps = Step.objects.annotate(payload_text=Cast("payload", TextField())).filter(
-        Q(preview__icontains=phrase) | Q(payload_text__icontains=phrase)
-    )
+        query = search_query(q)
+        return RawSQL(_STEP_MATCHES, (query, query))
+    # SQLite: every word (or "quoted phrase") a case-insensitive substring of the same step's content.
+    steps = Step.objects.annotate(payload_text=Cast("payload", TextField()))
+    for phrase, word in _TOKEN.findall(q):
+        token = phrase or word
+        if token and token.lower() != "or":
+            steps = steps.filter(Q(preview__icontains=token) | Q(payload_text__icontains=token))
     return steps.values("trajectory_id")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,19 +84,27 @@ class BlobSink:
     def __init__(self) -> None:
         self.contents: dict[str, bytes] = {}
         self._messages: dict[int, tuple[MessageRecord, str]] = {}
+        self._last: tuple[list[MessageRecord], list[str]] = ([], [])
 
     def put(self, content: bytes) -> str:
         digest = hashlib.sha256(content).hexdigest()
         self.contents.setdefault(digest, content)
         return digest
 
-    def put_message(self, message: MessageRecord) -> str:
-        known = self._messages.get(id(message))
-        if known is not None and known[0] is message:
-            return known[1]
-        digest = self.put(canonical_json(message.as_openai()))
-        self._messages[id(message)] = (message, digest)
-        return digest
+    def put_messages(self, messages: list[MessageRecord]) -> list[str]:
+        """The digests of a context, in order. A context that extends the previous one (the same objects,
+        then more: the usual growth of an agent's context) reuses its digests and looks up only the rest."""
+        last, last_digests = self._last
+        shared = len(last) if len(last) <= len(messages) and all(map(operator.is_, last, messages)) else 0
+        digests = last_digests[:shared]
+        memo = self._messages
+        for message in messages[shared:]:
+            known = memo.get(id(message))
+            if known is None or known[0] is not message:
+                known = memo[id(message)] = (message, self.put(canonical_json(message.as_openai())))
+            digests.append(known[1])
+        self._last = (list(messages), digests)  # a copy: a caller may grow its list in place
+        return digests
 
 
 @dataclass
@@ -125,7 +134,7 @@ def prepare_step(record: StepRecord, sink: BlobSink) -> PreparedStep:
         if value is not None:
             payload[name] = value
     if record.request_messages is not None:
-        refs["request_messages"] = [sink.put_message(m) for m in record.request_messages]
+        refs["request_messages"] = sink.put_messages(record.request_messages)
     if record.response_json is not None:
         refs["response_json"] = sink.put(canonical_json(record.response_json))
     payload_json = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
@@ -133,6 +142,18 @@ def prepare_step(record: StepRecord, sink: BlobSink) -> PreparedStep:
         refs[PAYLOAD_BLOB] = sink.put(encode_text(payload_json))
         payload, payload_json = {}, "{}"
     return PreparedStep(record, payload, payload_json, refs, preview_of(record))
+
+
+def refs_json(refs: dict[str, Any]) -> str:
+    """`blob_refs` as JSON text, built directly: its values are hex digests or lists of them, and a long
+    run's contexts make it the largest thing a step row holds, so json.dumps here was a hot spot."""
+    parts = []
+    for name, value in refs.items():
+        if isinstance(value, list):
+            parts.append(f'"{name}":[' + ",".join(f'"{digest}"' for digest in value) + "]")
+        else:
+            parts.append(f'"{name}":"{value}"')
+    return "{" + ",".join(parts) + "}"
 
 
 def step_record_from_parts(

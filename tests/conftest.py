@@ -154,3 +154,104 @@ def embedded_worker(transactional_db, settings):
     yield
     stop_embedded_worker()
     app.conf.broker_url = previous
+
+
+# --- external harnesses and failure tests -------------------------------------------------------------
+
+
+class ModelUpstream:
+    """The demo model behind a switch: counts the chat-completion requests it gets and, with `fault` set,
+    fails them the way a model server does: "500" (an error answer), "hang" (no answer at all), or
+    "broken_stream" (a streamed answer whose connection drops after the first chunk)."""
+
+    FAULT_MESSAGE = "the model server exploded (an injected test fault)"
+
+    def __init__(self, *, latency_s: float = 0.0) -> None:
+        from webapp.proxy.server import serve_in_thread
+        from workers.demo.model import make_app
+
+        self.requests = 0
+        self.fault: str | None = None
+        app = make_app(latency_s=latency_s)
+        app.middlewares.append(self._middleware())
+        self._server = serve_in_thread(app, host="127.0.0.1", port=0, shutdown_timeout=0.5)
+        self.url = f"{self._server.base_url}/v1"
+
+    def _middleware(self):
+        import asyncio
+
+        from aiohttp import web
+
+        @web.middleware
+        async def middleware(request, handler):
+            if not request.path.endswith("/chat/completions"):
+                return await handler(request)
+            self.requests += 1
+            if self.fault == "500":
+                return web.json_response({"error": {"message": self.FAULT_MESSAGE, "type": "server_error",
+                                                    "code": "injected"}}, status=500)
+            if self.fault == "hang":
+                await asyncio.sleep(3600)
+            if self.fault == "broken_stream":
+                response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+                await response.prepare(request)
+                await response.write(b'data: {"id":"c1","object":"chat.completion.chunk","model":"m","choices":'
+                                     b'[{"index":0,"delta":{"role":"assistant","content":"Let me"}}]}\n\n')
+                request.transport.close()
+                return response
+            return await handler(request)
+
+        return middleware
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+@pytest.fixture
+def model_upstream():
+    upstream = ModelUpstream()
+    yield upstream
+    upstream.stop()
+
+
+@pytest.fixture
+def slow_model_upstream():
+    """The same with 0.3 s per reply, so a rollout lasts long enough to break it in the middle."""
+    upstream = ModelUpstream(latency_s=0.3)
+    yield upstream
+    upstream.stop()
+
+
+@pytest.fixture
+def proxy_socket_path():
+    """A Unix socket path in a directory of its own (the local backend binds the directory into sandboxes)."""
+    directory = Path(tempfile.mkdtemp(prefix="trove-proxy-", dir="/tmp"))
+    directory.chmod(0o755)
+    yield str(directory / "proxy.sock")
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def unix_proxy(transactional_db, settings, proxy_socket_path):
+    """The recording proxy on TCP and on the Unix socket TROVE_PROXY_SOCKET (proxy-only local sandboxes reach
+    it there), with a short upstream timeout so a hanging model server is noticed within a test."""
+    from workers.stack import start_proxy
+
+    server, sink = start_proxy(host="127.0.0.1", port=0, unix_path=proxy_socket_path, upstream_timeout=3.0)
+    settings.TROVE_PROXY_PUBLIC_URL = server.base_url
+    settings.TROVE_PROXY_SOCKET = proxy_socket_path
+    yield server
+    sink.close()
+    server.stop()
+
+
+@pytest.fixture
+def proxy_only_fleet(transactional_db):
+    """A local fleet whose sandboxes have no network but the recording proxy (for external harnesses)."""
+    from webapp.fleets import services as fleet_services
+
+    template = fleet_services.template_create(name=f"proxy-only-{uuid.uuid4().hex[:6]}", cpu=1.0, memory_mb=1024,
+                                              pids=256, network="proxy-only", max_lifetime_s=3600,
+                                              idle_timeout_s=900)
+    return fleet_services.fleet_create(name=f"test-po-{uuid.uuid4().hex[:6]}", template=template, backend="local",
+                                       min_warm=0, max_warm=4, max_total=8)

@@ -14,7 +14,8 @@ Example::
     )
     for rollout in trove.iter_finished_rollouts(job["id"], poll_interval=5):
         if rollout["status"] in ("succeeded", "failed"):   # infra_error / cancelled are not training data
-            train_on(rollout["trajectory_id"], reward=rollout["reward"])
+            run = trove.get_trajectory(rollout["trajectory_id"])   # provenance, outcome and its steps
+            train_on(run, reward=rollout["reward"])
         save_checkpoint(cursor=rollout["cursor"])           # resume later with after=cursor
     print(trove.job_status(job["id"])["budget"]["per_task"])
 
@@ -75,19 +76,23 @@ class TroveClient:
         return self._request("GET", f"/api/v1/jobs/{job_id}/rollouts/?{query}")
 
     def iter_finished_rollouts(self, job_id: int, *, after: str | int = 0, poll_interval: float = 5.0,
-                               limit: int = 100) -> Iterator[dict]:
+                               limit: int = 100, timeout: float | None = None) -> Iterator[dict]:
         """Every rollout of the job as it finishes, in finish order, until the job has ended.
 
         Follows the cursor: each rollout carries its own `cursor`, so a trainer that stops can resume with
-        `after=` the last one it handled. Sleeps `poll_interval` seconds between empty polls.
+        `after=` the last one it handled. Sleeps `poll_interval` seconds between empty polls. With `timeout`,
+        raises TimeoutError if the job has not ended that many seconds after the first poll.
         """
         cursor = after
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             page = self.finished_rollouts(job_id, after=cursor, limit=limit)
             yield from page["results"]
             cursor = page["next_cursor"]
             if page["done"]:
                 return
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} is still {page['job_status']} after {timeout} s (cursor {cursor})")
             if not page["has_more"]:
                 time.sleep(poll_interval)
 
@@ -101,6 +106,12 @@ class TroveClient:
 
     def cancel_rollout(self, rollout_id: int) -> dict:
         return self._request("POST", f"/api/v1/rollouts/{rollout_id}/cancel/", {})
+
+    # --- trajectories --------------------------------------------------------------------------------
+
+    def get_trajectory(self, trajectory_id: int) -> dict:
+        """A recorded run (provenance, outcome, counts) with its first page of steps; `steps_next` pages on."""
+        return self._request("GET", f"/api/v1/trajectories/{trajectory_id}/")
 
     # --- task sets ---------------------------------------------------------------------------------
 

@@ -170,6 +170,9 @@ TROVE_PROXY_HOST = env_str("TROVE_PROXY_HOST", "127.0.0.1")
 TROVE_PROXY_PORT = env_int("TROVE_PROXY_PORT", 8001)
 # The address harnesses use to reach the proxy (may differ from where it binds, e.g. a Service name).
 TROVE_PROXY_PUBLIC_URL = env_str("TROVE_PROXY_PUBLIC_URL") or f"http://{TROVE_PROXY_HOST}:{TROVE_PROXY_PORT}"
+# The proxy also listens on this Unix socket (empty: it does not). Local sandboxes of a "proxy-only" template
+# reach it through it and nothing else; keep it in a directory of its own (the directory is bound in).
+TROVE_PROXY_SOCKET = env_str("TROVE_PROXY_SOCKET", str(VAR_DIR / "proxy" / "proxy.sock")) or ""
 TROVE_DEMO_MODEL_PORT = env_int("TROVE_DEMO_MODEL_PORT", 8002)
 TROVE_DEMO_SERVE = env_str("DEMO_SERVE", "1")
 TROVE_ROLLOUT_HEARTBEAT_S = env_int("TROVE_ROLLOUT_HEARTBEAT_S", 10)

@@ -11,9 +11,13 @@ backend; the first exec costs one fencing UPDATE before the agent call and one e
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
+
+from django.conf import settings
+from django.utils import timezone
 
 from webapp.fleets import services as fleet_services
 from webapp.fleets.models import EnvironmentTemplate, Fleet, Sandbox
@@ -47,6 +51,8 @@ def spec_for(sandbox: Sandbox) -> SandboxSpec:
         pids=template.pids,
         disk_mb=template.disk_mb,
         network=template.network,
+        # A local proxy-only sandbox reaches the recording proxy through its Unix socket and nothing else.
+        proxy_socket=settings.TROVE_PROXY_SOCKET if template.network == "proxy-only" else "",
     )
 
 
@@ -70,8 +76,11 @@ def sandbox_create(*, sandbox: Sandbox, wait: bool, timeout: float | None = None
     """requested -> provisioning -> (with `wait`) ready, set up -> warm. A cold sandbox stays `provisioning`
     with its endpoint filled in, for the caller to lease directly. Retrying with the same row cannot make a
     second sandbox: the backend name is the row's."""
-    fleet_services.sandbox_transition(sandbox=sandbox, to=S.PROVISIONING, expect=(S.REQUESTED,),
-                                      reason="create sent to the backend")
+    if not fleet_services.sandbox_transition(sandbox=sandbox, to=S.PROVISIONING, expect=(S.REQUESTED,),
+                                             reason="create sent to the backend"):
+        sandbox.refresh_from_db(fields=["state"])
+        if sandbox.state != S.PROVISIONING:  # else: a retry of a create already sent, which is safe
+            raise SandboxError(f"sandbox {sandbox.name} is {sandbox.state}, not to be created", reason="moved")
     backend = get_backend(sandbox.fleet.backend)
     try:
         handle = backend.create(spec_for(sandbox), wait=wait, timeout=timeout or sandbox.fleet.provision_timeout_s)
@@ -220,21 +229,18 @@ def sandbox_exec(lease: Lease, command: str, *, timeout: float = 60.0, idle_time
     """Exec under the caller's lease; refused (StaleFencingToken) if the lease was superseded. Every exec is
     logged, including one the agent could not run."""
     sandbox = lease.sandbox
-    fleet_services.sandbox_fence(sandbox_id=sandbox.pk, fencing_token=lease.fencing_token,
-                                 first_exec=not lease.executed)
-    lease.executed = True
-    started = time.perf_counter()
+    fleet_services.sandbox_fence(sandbox_id=sandbox.pk, fencing_token=lease.fencing_token)
+    first, lease.executed = not lease.executed, True
+    sent_at, started = timezone.now(), time.perf_counter()
+    record = functools.partial(fleet_services.sandbox_exec_recorded, sandbox=sandbox, command=command, reason=reason,
+                               fencing_token=lease.fencing_token, started_at=sent_at, first=first)
     try:
         result = get_backend(sandbox.fleet.backend).exec(lease.handle, command, timeout=timeout,
                                                          idle_timeout=idle_timeout, max_output=max_output)
     except SandboxError as error:
-        fleet_services.sandbox_exec_recorded(
-            sandbox=sandbox, command=command, exit_code=None, duration_ms=(time.perf_counter() - started) * 1000,
-            reason=reason, fencing_token=lease.fencing_token, error=f"{error.reason}: {error}")
+        record(exit_code=None, duration_ms=(time.perf_counter() - started) * 1000, error=f"{error.reason}: {error}")
         raise
-    fleet_services.sandbox_exec_recorded(
-        sandbox=sandbox, command=command, exit_code=result.exit_code, duration_ms=result.duration_ms,
-        reason=reason, timed_out=result.timed_out, fencing_token=lease.fencing_token)
+    record(exit_code=result.exit_code, duration_ms=result.duration_ms, timed_out=result.timed_out)
     return result
 
 
@@ -243,8 +249,9 @@ def sandbox_write_files(lease: Lease, files: dict[str, str]) -> None:
     backend = get_backend(lease.sandbox.fleet.backend)
     for path, text in files.items():
         backend.write_file(lease.handle, path, text.encode())
-    fleet_services.event_record(sandbox=lease.sandbox, kind="write_files", reason=f"{len(files)} file(s)",
-                                data={"paths": sorted(files)[:100], "fencing_token": lease.fencing_token})
+    with fleet_services.relaxed_commit():
+        fleet_services.event_record(sandbox=lease.sandbox, kind="write_files", reason=f"{len(files)} file(s)",
+                                    data={"paths": sorted(files)[:100], "fencing_token": lease.fencing_token})
 
 
 def sandbox_release(lease: Lease, *, reason: str = "released") -> None:

@@ -460,13 +460,13 @@ class _Round:
         target = self.report.warm_target = warm_target(self.fleet)
         fresh = self.fleet.sandboxes.filter(state=S.WARM, spec_hash=self.fleet.template.spec_hash).count()
         wanted = target - fresh - self._coming()
+        if unschedulable:  # more pods would only queue behind these
+            _hold(self.fleet, H.CAPACITY, f"no capacity: {unschedulable} sandbox(es) unschedulable "
+                                          f"({self._unschedulable_reason()})")
+            return
         if wanted <= 0:
             if self.fleet.hold_kind == H.MAX_TOTAL:
                 fleet_services.fleet_unhold(fleet=self.fleet, reason="warm target met")
-            return
-        if unschedulable:
-            _hold(self.fleet, H.CAPACITY, f"no capacity: {unschedulable} sandbox(es) unschedulable "
-                                          f"({self._unschedulable_reason()})")
             return
         n = self._allowed(wanted)
         if n > 0:
@@ -498,8 +498,7 @@ class _Round:
     def _provision(self, n: int) -> None:
         wait = self.fleet.backend != Fleet.Backend.KUBERNETES  # never block a round on a pending pod
         rows = fleet_services.sandboxes_request(fleet=self.fleet, n=n, creator_waits=wait)
-        with ThreadPoolExecutor(max_workers=max(1, min(len(rows), PROVISION_PARALLELISM))) as pool:
-            errors = list(pool.map(lambda row: _create_one(row, wait), rows))
+        errors = _create_all(rows, wait)
         failures = [e for e in errors if e is not None]
         self.report.created, self.report.create_failed = len(rows) - len(failures), len(failures)
         if failures:
@@ -515,6 +514,22 @@ class _Round:
         _hold(self.fleet, kind, f"create failed: {worst.reason}: {worst}")
 
 
+def _create_all(rows: list[Sandbox], wait: bool) -> list[SandboxError | None]:
+    """Create in a bounded pool of threads, each on its own connection; in this thread when the caller is
+    inside a transaction (other connections could not see the rows yet)."""
+    if len(rows) < 2 or connection.in_atomic_block:
+        return [_create_one(row, wait) for row in rows]
+
+    def in_thread(row: Sandbox) -> SandboxError | None:
+        try:
+            return _create_one(row, wait)
+        finally:
+            connection.close()  # this pool thread's own connection
+
+    with ThreadPoolExecutor(max_workers=min(len(rows), PROVISION_PARALLELISM)) as pool:
+        return list(pool.map(in_thread, rows))
+
+
 def _create_one(sandbox: Sandbox, wait: bool) -> SandboxError | None:
     try:
         fleet_ops.sandbox_create(sandbox=sandbox, wait=wait)
@@ -522,8 +537,6 @@ def _create_one(sandbox: Sandbox, wait: bool) -> SandboxError | None:
     except SandboxError as error:
         log.warning("fleet %s: create of %s failed: %s", sandbox.fleet.name, sandbox.name, error)
         return error
-    finally:
-        connection.close()  # this pool thread's own connection
 
 
 def _failing_in_a_row(fleet: Fleet) -> bool:

@@ -3,11 +3,23 @@
 Called by the Celery task `trove.rollouts.run` with a rollout id; safe to call twice for the same id
 (the second call finds the rollout no longer queued and does nothing). Model calls are recorded by the
 proxy; this module records the command, eval and sandbox steps.
+
+Harnesses: `builtin` (the bash-acting loop in workers/harness/builtin.py, run here, its commands executed in
+the sandbox) and `external` (RolloutJob.harness_command run inside the sandbox, see workers/harness/external.py).
+
+Attempts: every attempt has its own trajectory and its own proxy token (a new token per attempt), so a model
+call made by an earlier attempt's harness — still running in a sandbox not yet reaped — can only land in that
+attempt's trajectory, never in the new one.
+
+Timings (Rollout.timings): `total_ms` runs from the call of rollout_run to the rollout's final write,
+`model_ms` is time in model calls, `sandbox_ms` time in the sandbox (a cold create, workspace setup, harness
+commands, the release of the lease), `eval_ms` the evaluation command. The rest is Trove's own overhead.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,11 +32,14 @@ from experience.models import Step
 from experience.records import StepRecord, TrajectoryRecord
 from experience.services.ingest import steps_append, trajectory_finish, trajectory_open
 from webapp.fleets.errors import StaleFencingToken
+from webapp.fleets.models import Fleet
 from webapp.rollouts import services as rollout_services
 from webapp.rollouts.models import Rollout
 from workers import fleet_ops
+from workers.harness import external
 from workers.harness.builtin import openai_chat, run_builtin_harness
 from workers.sandboxes.base import ExecResult, SandboxError
+from workers.sandboxes.bwrap import PROXY_PORT
 
 log = logging.getLogger("trove.rollouts")
 R = Rollout.Status
@@ -33,7 +48,12 @@ WORKSPACE_BASELINE = (
     "git -c user.email=trove@localhost -c user.name=trove commit -q -m baseline"
 )
 PROXY_RECORD_WAIT_S = 15.0
+# An external harness does not say how many calls it made: its calls are taken as all recorded once the
+# count has not moved for this long (the proxy hands a record to its writer before the harness has its
+# answer's last byte, so this only covers the writer's batching delay).
+PROXY_RECORD_QUIET_S = 1.0
 EVAL_PROTECTED = ("tests/",)  # task files restored before the evaluation runs
+HARNESS_OUTPUT_BYTES = 256 * 1024  # per stream, for an external harness's command step
 
 
 class InfraFailure(SandboxError):
@@ -101,16 +121,19 @@ class Heartbeat:
 
 
 def rollout_run(*, rollout_id: int, worker: str) -> str | None:
-    """Run a queued rollout. Returns its final status, or None if it was not ours to run."""
+    """Run a queued rollout. Returns its final status (or `queued` when it was put back for another
+    attempt), or None if it was not ours to run."""
+    clock = Clock()
     close_old_connections()
     rollout = rollout_services.rollout_start(rollout_id=rollout_id, worker=worker)
     if rollout is None:
         return None
     trajectory = _open_trajectory(rollout)
-    Rollout.objects.filter(pk=rollout.pk).update(trajectory=trajectory)
-    rollout.trajectory = trajectory
+    rollout.trajectory, rollout.token = trajectory, secrets.token_urlsafe(24)
+    # One write: the attempt's trajectory and a token of its own (see the module docstring).
+    Rollout.objects.filter(pk=rollout.pk).update(trajectory=trajectory, token=rollout.token)
     with Heartbeat(rollout.pk, worker, settings.TROVE_ROLLOUT_HEARTBEAT_S) as heartbeat:
-        return _run_attempt(rollout, worker, heartbeat)
+        return Attempt(rollout, worker, heartbeat, clock).run()
 
 
 def _open_trajectory(rollout: Rollout):
@@ -121,88 +144,230 @@ def _open_trajectory(rollout: Rollout):
         task_set=job.task_set.name, task_key=task.key, instruction=task.instruction,
         harness=job.harness, model=job.model_name, status="running", started_at=now(),
         metadata={"job_id": job.pk, "rollout_id": rollout.pk, "sample_index": rollout.sample_index,
-                  "attempt": rollout.attempt, "fleet": job.fleet.name,
+                  "attempt": rollout.attempt, "fleet": job.fleet.name, "harness_command": job.harness_command,
                   "template": str(job.fleet.template), "template_spec_hash": job.fleet.template.spec_hash},
     ))
 
 
-def _run_attempt(rollout: Rollout, worker: str, heartbeat: Heartbeat) -> str:
-    clock, lease = Clock(), None
-    try:
-        lease = fleet_ops.sandbox_claim(fleet=rollout.job.fleet, holder=f"rollout:{rollout.pk}:{worker}")
-        heartbeat.lease = lease
-        Rollout.objects.filter(pk=rollout.pk).update(sandbox=lease.sandbox)
-        _record(rollout, StepRecord(kind="sandbox_event", started_at=now(), text=_lease_note(lease),
-                                    payload={"sandbox": lease.sandbox.name, "cold": lease.sandbox.cold_claim}))
-        _prepare_workspace(rollout, lease, clock)
-        steps = _run_harness(rollout, lease, heartbeat, clock)
-        return _evaluate_and_finish(rollout, worker, lease, clock, steps)
-    except (RolloutCancelled, StaleFencingToken) as error:
-        _finish_trajectory(rollout, "cancelled", note=str(error))
-        return R.CANCELLED
-    except SandboxError as error:
-        return _infra_failure(rollout, worker, error, clock)
-    finally:
-        if lease is not None:
-            _release(lease)
+class Attempt:
+    """One attempt at a rollout, from the sandbox claim to the final status."""
+
+    def __init__(self, rollout: Rollout, worker: str, heartbeat: Heartbeat, clock: Clock) -> None:
+        self.rollout, self.worker, self.heartbeat, self.clock = rollout, worker, heartbeat, clock
+        self.job = rollout.job
+        assert rollout.trajectory_id is not None, "rollout_run opens the attempt's trajectory first"
+        self.trajectory_id: int = rollout.trajectory_id
+        self.lease: fleet_ops.Lease | None = None
+
+    def run(self) -> str:
+        try:
+            self.claim()
+            self.prepare_workspace()
+            steps = self.run_harness()
+            return self.evaluate_and_finish(steps)
+        except (RolloutCancelled, StaleFencingToken) as error:
+            self.finish_trajectory("cancelled", note=str(error))
+            return R.CANCELLED
+        except SandboxError as error:
+            return self.infra_failure(error)
+        finally:
+            self.release()
+
+    # --- steps of an attempt ---------------------------------------------------------------------------
+
+    def claim(self) -> None:
+        if self.job.harness == "external":
+            _external_base_url(self.job.fleet)  # fail before taking a sandbox the harness could not use
+        elif self.job.harness != "builtin":
+            raise SandboxError(f"unknown harness {self.job.harness!r} (builtin or external)",
+                               reason="bad_harness", permanent=True)
+        lease = fleet_ops.sandbox_claim(fleet=self.job.fleet, holder=f"rollout:{self.rollout.pk}:{self.worker}")
+        self.lease = self.heartbeat.lease = lease
+        if lease.sandbox.cold_claim:  # the wait was the sandbox being created, not scheduling
+            self.clock.sandbox_ms += lease.claim_ms
+        Rollout.objects.filter(pk=self.rollout.pk).update(sandbox=lease.sandbox)
+        self.record(StepRecord(kind="sandbox_event", started_at=now(), text=_lease_note(lease),
+                               payload={"sandbox": lease.sandbox.name, "cold": lease.sandbox.cold_claim,
+                                        "claim_ms": round(lease.claim_ms, 1)}))
+
+    def prepare_workspace(self) -> None:
+        lease, task = self.held(), self.rollout.task
+        started = time.perf_counter()
+        fleet_ops.sandbox_write_files(lease, task.files)
+        for command in [*task.setup_commands, WORKSPACE_BASELINE]:
+            result = fleet_ops.sandbox_exec(lease, command, timeout=120, reason="setup")
+            if result.exit_code != 0 and command != WORKSPACE_BASELINE:
+                raise SandboxError(f"setup command failed ({result.exit_code}): {command}: {result.stderr[-500:]}",
+                                   reason="setup_failed", permanent=True)
+        self.clock.sandbox_ms += (time.perf_counter() - started) * 1000
+
+    def run_harness(self) -> int:
+        """Run the job's harness; returns its step count (model turns). Raises InfraFailure when the model
+        server or the sandbox failed rather than the agent."""
+        if self.job.harness == "external":
+            return self.run_external()
+        return self.run_builtin()
+
+    def run_builtin(self) -> int:
+        rollout, job, lease, clock = self.rollout, self.job, self.held(), self.clock
+        calls = {"n": 0}
+        base_chat = openai_chat(
+            f"{settings.TROVE_PROXY_PUBLIC_URL}/r/{rollout.token}/v1", job.model_name, "trove-rollout-token",
+            seed=_seed(rollout), timeout=120,
+        )
+
+        def chat(messages):
+            self.heartbeat.check()
+            started = time.perf_counter()
+            try:
+                return base_chat(messages)
+            finally:
+                calls["n"] += 1
+                clock.model_ms += (time.perf_counter() - started) * 1000
+
+        def execute(command: str) -> ExecResult:
+            self.heartbeat.check()
+            started = time.perf_counter()
+            try:
+                return fleet_ops.sandbox_exec(lease, command, timeout=60, idle_timeout=30, reason="harness")
+            finally:
+                clock.sandbox_ms += (time.perf_counter() - started) * 1000
+
+        def on_command(command: str, result: ExecResult, started_at: datetime, ended_at: datetime) -> None:
+            self.record(_command_step(command, result, started_at, ended_at))
+
+        outcome = run_builtin_harness(
+            instruction=rollout.task.instruction, chat=chat, execute=execute, max_steps=job.max_steps,
+            on_command=on_command, max_total_tokens=job.max_tokens,
+        )
+        _wait_for_model_calls(self.trajectory_id, calls["n"])
+        if outcome.reason in ("model_error", "sandbox_error"):
+            # The model server or the sandbox failed, not the agent: this run must not become training data.
+            raise InfraFailure(f"{outcome.reason}: {outcome.error}",
+                               permanent=bool(getattr(outcome.exception, "permanent", False)))
+        self.record(StepRecord(kind="note", started_at=now(), text=f"harness ended: {outcome.reason}",
+                               payload={"reason": outcome.reason, "steps": outcome.steps}))
+        return outcome.steps
+
+    def run_external(self) -> int:
+        rollout, job, lease = self.rollout, self.job, self.held()
+        setup = external.HarnessSetup(
+            base_url=_external_base_url(job.fleet) + f"/r/{rollout.token}/v1", model=job.model_name,
+            seed=_seed(rollout), task_key=rollout.task.key, rollout_id=rollout.pk, max_steps=job.max_steps,
+            max_tokens=job.max_tokens,
+        )
+        outcome = external.run_external_harness(
+            command=job.harness_command, instruction=rollout.task.instruction, setup=setup,
+            stage_file=lambda path, text: fleet_ops.sandbox_write_files(lease, {path: text}),
+            execute=lambda script: _closing_connection(fleet_ops.sandbox_exec, lease, script,
+                                                       timeout=job.wall_time_s, max_output=HARNESS_OUTPUT_BYTES,
+                                                       reason="external harness"),
+            kill=lambda script: _kill_quietly(lease, script),
+            should_stop=self.heartbeat.lost.is_set,
+        )
+        calls = _settled_model_calls(self.trajectory_id)
+        self.account_external(outcome, calls)
+        self.record(_harness_step(job.harness_command, outcome, _external_base_url(job.fleet), len(calls)))
+        self.flush()
+        if outcome.cancelled:
+            raise RolloutCancelled(f"rollout {rollout.pk} was taken away while its harness ran; harness killed")
+        failure = _last_call_failure(calls)
+        if failure is not None:  # the model server failed, whatever the harness made of it
+            raise InfraFailure(failure.message, reason="model_error", permanent=failure.permanent)
+        self.record(StepRecord(kind="note", started_at=now(), text=f"harness ended: {outcome.reason}",
+                               payload={"reason": outcome.reason, "steps": len(calls),
+                                        "exit_code": outcome.result.exit_code}))
+        return len(calls)
+
+    def account_external(self, outcome: external.ExternalOutcome, calls: list[dict]) -> None:
+        model_ms = sum(call["duration_ms"] or 0.0 for call in calls)
+        self.clock.model_ms += model_ms
+        self.clock.sandbox_ms += max(0.0, outcome.result.duration_ms - model_ms)
+
+    def evaluate_and_finish(self, steps: int) -> str:
+        rollout, lease, task = self.rollout, self.held(), self.rollout.task
+        started = time.perf_counter()
+        diff = fleet_ops.sandbox_exec(lease, "git add -A >/dev/null 2>&1; git diff --cached", timeout=30,
+                                      reason="diff")
+        # The evaluation runs the task's own tests, whatever the agent did to its copy of them.
+        fleet_ops.sandbox_write_files(lease, {p: t for p, t in task.files.items() if p.startswith(EVAL_PROTECTED)})
+        self.clock.sandbox_ms += (time.perf_counter() - started) * 1000
+        started_at, started = now(), time.perf_counter()
+        result = fleet_ops.sandbox_exec(lease, task.eval_command, timeout=task.eval_timeout_s, reason="eval")
+        self.clock.eval_ms += (time.perf_counter() - started) * 1000
+        passed = result.exit_code == task.success_exit_code and not result.timed_out
+        reward = 1.0 if passed else 0.0
+        verdict = "passed" if passed else ("timed out" if result.timed_out else f"failed (exit {result.exit_code})")
+        self.record(StepRecord(
+            kind="eval", command=task.eval_command, output=result.stdout + result.stderr,
+            exit_code=result.exit_code, started_at=started_at, ended_at=now(), duration_ms=result.duration_ms,
+            is_error=result.timed_out, text=f"evaluation {verdict}; reward {reward}",
+            payload={"reward": reward, "timed_out": result.timed_out, "timeout_s": task.eval_timeout_s},
+        ))
+        self.flush()
+        trajectory_finish(trajectory_id=self.trajectory_id, status="completed", reward=reward, success=passed,
+                          final_diff=diff.stdout if diff.exit_code == 0 else "")
+        self.release()  # before the final write, so the lease's release is in the rollout's timings
+        status = R.SUCCEEDED if passed else R.FAILED
+        rollout_services.rollout_finish(
+            rollout_id=rollout.pk, worker=self.worker, status=status, reward=reward, steps=steps,
+            eval_output=(result.stdout + result.stderr)[-4000:], eval_timed_out=result.timed_out,
+            timings=self.clock.as_dict(),
+        )
+        return status
+
+    def infra_failure(self, error: SandboxError) -> str:
+        """Infrastructure failed, not the model: retry transient errors while attempts remain, else
+        infra_error. The attempt's trajectory is kept, marked infra_error (out of training data)."""
+        rollout, worker = self.rollout, self.worker
+        message = f"{error.reason}: {error}"
+        self.finish_trajectory("infra_error", note=message)
+        self.release()
+        if not error.permanent and rollout.attempt < settings.TROVE_ROLLOUT_MAX_ATTEMPTS:
+            if rollout_services.rollout_requeue(rollout_id=rollout.pk, worker=worker, error=message):
+                return R.QUEUED
+        rollout_services.rollout_finish(rollout_id=rollout.pk, worker=worker, status=R.INFRA_ERROR,
+                                        error=message[:4000], timings=self.clock.as_dict())
+        return R.INFRA_ERROR
+
+    # --- helpers -----------------------------------------------------------------------------------------
+
+    def held(self) -> fleet_ops.Lease:
+        assert self.lease is not None, "no sandbox claimed yet"
+        return self.lease
+
+    def record(self, step: StepRecord) -> None:
+        steps_append(trajectory_id=self.trajectory_id, steps=[step])
+
+    def flush(self) -> None:
+        """Steps are written as they are recorded; kept as the one place a buffering writer would flush."""
+
+    def finish_trajectory(self, status: str, *, note: str) -> None:
+        self.record(StepRecord(kind="note", started_at=now(), text=note, is_error=True))
+        self.flush()
+        trajectory_finish(trajectory_id=self.trajectory_id, status=status)
+
+    def release(self) -> None:
+        """End the lease, once. Counted as sandbox time (a single-use sandbox is destroyed here)."""
+        lease, self.lease = self.lease, None
+        if lease is None:
+            return
+        self.heartbeat.lease = None
+        started = time.perf_counter()
+        try:
+            fleet_ops.sandbox_release(lease)
+        except SandboxError as error:  # the reconciler reaps what could not be destroyed now
+            log.warning("release of %s failed: %s", lease.sandbox.name, error)
+        self.clock.sandbox_ms += (time.perf_counter() - started) * 1000
+
+
+def _seed(rollout: Rollout) -> int:
+    return rollout.job_id * 100_003 + rollout.sample_index * 7 + rollout.attempt
 
 
 def _lease_note(lease: fleet_ops.Lease) -> str:
     kind = "cold (created on demand)" if lease.sandbox.cold_claim else "warm"
     return f"leased {kind} sandbox {lease.sandbox.name} (fencing token {lease.fencing_token})"
-
-
-def _prepare_workspace(rollout: Rollout, lease: fleet_ops.Lease, clock: Clock) -> None:
-    started = time.perf_counter()
-    fleet_ops.sandbox_write_files(lease, rollout.task.files)
-    for command in [*rollout.task.setup_commands, WORKSPACE_BASELINE]:
-        result = fleet_ops.sandbox_exec(lease, command, timeout=120, reason="setup")
-        if result.exit_code != 0 and command != WORKSPACE_BASELINE:
-            raise SandboxError(f"setup command failed ({result.exit_code}): {command}: {result.stderr[-500:]}",
-                               reason="setup_failed", permanent=True)
-    clock.sandbox_ms += (time.perf_counter() - started) * 1000
-
-
-def _run_harness(rollout: Rollout, lease: fleet_ops.Lease, heartbeat: Heartbeat, clock: Clock) -> int:
-    job = rollout.job
-    calls = {"n": 0}
-    base_chat = openai_chat(
-        f"{settings.TROVE_PROXY_PUBLIC_URL}/r/{rollout.token}/v1", job.model_name, "trove-rollout-token",
-        seed=job.pk * 100_003 + rollout.sample_index * 7 + rollout.attempt, timeout=120,
-    )
-
-    def chat(messages):
-        heartbeat.check()
-        started = time.perf_counter()
-        try:
-            return base_chat(messages)
-        finally:
-            calls["n"] += 1
-            clock.model_ms += (time.perf_counter() - started) * 1000
-
-    def execute(command: str) -> ExecResult:
-        heartbeat.check()
-        started = time.perf_counter()
-        try:
-            return fleet_ops.sandbox_exec(lease, command, timeout=60, idle_timeout=30, reason="harness")
-        finally:
-            clock.sandbox_ms += (time.perf_counter() - started) * 1000
-
-    def on_command(command: str, result: ExecResult, started_at: datetime, ended_at: datetime) -> None:
-        _record(rollout, _command_step(command, result, started_at, ended_at))
-
-    outcome = run_builtin_harness(
-        instruction=rollout.task.instruction, chat=chat, execute=execute, max_steps=job.max_steps,
-        on_command=on_command, max_total_tokens=job.max_tokens,
-    )
-    _wait_for_model_calls(rollout.trajectory_id, calls["n"])
-    if outcome.reason in ("model_error", "sandbox_error"):
-        # The model server or the sandbox failed, not the agent: this run must not become training data.
-        raise InfraFailure(f"{outcome.reason}: {outcome.error}",
-                           permanent=bool(getattr(outcome.exception, "permanent", False)))
-    _record(rollout, StepRecord(kind="note", started_at=now(), text=f"harness ended: {outcome.reason}",
-                                payload={"reason": outcome.reason, "steps": outcome.steps}))
-    return outcome.steps
 
 
 def _command_step(command: str, result: ExecResult, started_at: datetime, ended_at: datetime) -> StepRecord:
@@ -227,57 +392,65 @@ def _wait_for_model_calls(trajectory_id: int, expected: int) -> None:
     log.warning("trajectory %s: proxy recorded fewer than %s model calls in time", trajectory_id, expected)
 
 
-def _evaluate_and_finish(rollout: Rollout, worker: str, lease, clock: Clock, steps: int) -> str:
-    task = rollout.task
-    diff = fleet_ops.sandbox_exec(lease, "git add -A >/dev/null 2>&1; git diff --cached", timeout=30, reason="diff")
-    # The evaluation runs the task's own tests, whatever the agent did to its copy of them.
-    fleet_ops.sandbox_write_files(lease, {p: t for p, t in task.files.items() if p.startswith(EVAL_PROTECTED)})
-    started_at, started = now(), time.perf_counter()
-    result = fleet_ops.sandbox_exec(lease, task.eval_command, timeout=task.eval_timeout_s, reason="eval")
-    clock.eval_ms += (time.perf_counter() - started) * 1000
-    passed = result.exit_code == 0 and not result.timed_out
-    reward = 1.0 if passed else 0.0
-    verdict = "passed" if passed else ("timed out" if result.timed_out else f"failed (exit {result.exit_code})")
-    _record(rollout, StepRecord(
-        kind="eval", command=task.eval_command, output=result.stdout + result.stderr, exit_code=result.exit_code,
-        started_at=started_at, ended_at=now(), duration_ms=result.duration_ms, is_error=result.timed_out,
-        text=f"evaluation {verdict}; reward {reward}",
-        payload={"reward": reward, "timed_out": result.timed_out, "timeout_s": task.eval_timeout_s},
-    ))
-    trajectory_finish(trajectory_id=rollout.trajectory_id, status="completed", reward=reward, success=passed,
-                      final_diff=diff.stdout if diff.exit_code == 0 else "")
-    status = R.SUCCEEDED if passed else R.FAILED
-    rollout_services.rollout_finish(
-        rollout_id=rollout.pk, worker=worker, status=status, reward=reward, steps=steps,
-        eval_output=(result.stdout + result.stderr)[-4000:], eval_timed_out=result.timed_out,
-        timings=clock.as_dict(),
-    )
-    return status
+# --- the external harness ------------------------------------------------------------------------------
+
+def _external_base_url(fleet: Fleet) -> str:
+    """The proxy's address as seen from inside the fleet's sandboxes. A local sandbox has no network but
+    the proxy-only forwarder; elsewhere (Kubernetes, a shared host network) it is the proxy's public URL."""
+    network = fleet.template.network
+    if fleet.backend != "local" or network == "allow-list":
+        return settings.TROVE_PROXY_PUBLIC_URL
+    if network == "proxy-only" and settings.TROVE_PROXY_SOCKET:
+        return f"http://127.0.0.1:{PROXY_PORT}"
+    raise SandboxError(
+        f"fleet {fleet.name}: an external harness must reach the proxy, but template {fleet.template} has "
+        f"network {network!r}" + ("" if settings.TROVE_PROXY_SOCKET else " and TROVE_PROXY_SOCKET is empty")
+        + ": use a template with network 'proxy-only'", reason="no_proxy_route", permanent=True)
 
 
-def _infra_failure(rollout: Rollout, worker: str, error: SandboxError, clock: Clock) -> str:
-    """Infrastructure failed, not the model: retry transient errors while attempts remain, else infra_error."""
-    message = f"{error.reason}: {error}"
-    _finish_trajectory(rollout, "infra_error", note=message)
-    if not error.permanent and rollout.attempt < settings.TROVE_ROLLOUT_MAX_ATTEMPTS:
-        if rollout_services.rollout_requeue(rollout_id=rollout.pk, worker=worker, error=message):
-            return R.QUEUED
-    rollout_services.rollout_finish(rollout_id=rollout.pk, worker=worker, status=R.INFRA_ERROR,
-                                    error=message[:4000], timings=clock.as_dict())
-    return R.INFRA_ERROR
-
-
-def _finish_trajectory(rollout: Rollout, status: str, *, note: str) -> None:
-    _record(rollout, StepRecord(kind="note", started_at=now(), text=note, is_error=True))
-    trajectory_finish(trajectory_id=rollout.trajectory_id, status=status)
-
-
-def _record(rollout: Rollout, step: StepRecord) -> None:
-    steps_append(trajectory_id=rollout.trajectory_id, steps=[step])
-
-
-def _release(lease: fleet_ops.Lease) -> None:
+def _closing_connection(function, *args, **kwargs):
+    """Call `function`, then close this thread's database connection (for calls on a short-lived thread)."""
     try:
-        fleet_ops.sandbox_release(lease)
-    except SandboxError as error:  # the reconciler reaps what could not be destroyed now
-        log.warning("release of %s failed: %s", lease.sandbox.name, error)
+        return function(*args, **kwargs)
+    finally:
+        connection.close()
+
+
+def _kill_quietly(lease: fleet_ops.Lease, script: str) -> None:
+    try:
+        fleet_ops.sandbox_exec(lease, script, timeout=10, reason="cancel external harness")
+    except SandboxError as error:  # taken back (stale fence) or gone: whoever has it destroys it
+        log.info("could not kill the harness in %s: %s", lease.sandbox.name, error)
+
+
+def _settled_model_calls(trajectory_id: int) -> list[dict]:
+    """The trajectory's model calls once the proxy's writer has caught up (the count stopped moving)."""
+    deadline = time.monotonic() + PROXY_RECORD_WAIT_S
+    count, quiet_since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        current = Step.objects.filter(trajectory_id=trajectory_id, kind="model_call").count()
+        if current != count:
+            count, quiet_since = current, time.monotonic()
+        elif time.monotonic() - quiet_since >= PROXY_RECORD_QUIET_S:
+            break
+        time.sleep(0.1)
+    rows = Step.objects.filter(trajectory_id=trajectory_id, kind="model_call").order_by("started_at", "seq")
+    return [dict(row) for row in rows.values("call_id", "is_error", "payload", "duration_ms")]
+
+
+def _last_call_failure(calls: list[dict]) -> external.ServerFailure | None:
+    if not calls:
+        return None
+    last = calls[-1]
+    return external.server_failure(is_error=last["is_error"], payload=last["payload"] or {},
+                                   call_id=last["call_id"])
+
+
+def _harness_step(command: str, outcome: external.ExternalOutcome, proxy_url: str, calls: int) -> StepRecord:
+    result = outcome.result
+    step = _command_step(command, result, outcome.started_at, outcome.ended_at)
+    step.text = f"external harness: {outcome.reason} after {result.duration_ms / 1000:.1f}s, {calls} model call(s)"
+    step.payload.update({"harness": "external", "reason": outcome.reason, "model_calls": calls,
+                         # the token is a credential while the rollout runs: not in the record
+                         "base_url": f"{proxy_url}/r/<token>/v1"})
+    return step

@@ -8,6 +8,7 @@ beat would send, and optionally the offline demo model.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ from django.conf import settings
 from webapp.celery import app as celery_app
 
 log = logging.getLogger("trove")
+UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 
 
 @dataclass
@@ -32,13 +34,31 @@ class EmbeddedStack:
                 log.exception("stopping part of the embedded stack failed")
 
 
-def start_proxy(*, host: str, port: int):
+def start_proxy(*, host: str, port: int, unix_path: str | None = None, **app_options):
+    """The recording proxy on a thread: on TCP, and also on the Unix socket `unix_path` (proxy-only local
+    sandboxes reach it there) unless that is empty or too long for a socket path."""
     from webapp.proxy.server import serve_in_thread
     from webapp.proxy.wiring import make_trove_proxy_app
 
-    app, sink = make_trove_proxy_app()
-    server = serve_in_thread(app, host=host, port=port)
+    app, sink = make_trove_proxy_app(**app_options)
+    unix_path = _proxy_socket_path(unix_path)
+    server = serve_in_thread(app, host=host, port=port, unix_path=unix_path)
+    if unix_path:
+        os.chmod(unix_path, 0o666)  # sandboxes connect as their own unprivileged uid
     return server, sink
+
+
+def _proxy_socket_path(path: str | None) -> str | None:
+    if not path:
+        return None
+    if len(os.fsencode(path)) > UNIX_PATH_MAX:
+        log.warning("proxy socket path %s is too long for a Unix socket; proxy-only sandboxes cannot reach "
+                    "the proxy (set TROVE_PROXY_SOCKET to a shorter path)", path)
+        return None
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    os.chmod(directory, 0o755)  # searchable by the sandbox uid; the directory is bound into sandboxes
+    return path
 
 
 def start_demo_model(*, host: str = "127.0.0.1", port: int = 0):
@@ -51,7 +71,8 @@ def start_embedded_stack(*, worker: bool | None = None, demo_model: bool = True,
                          proxy_port: int | None = None, concurrency: int = 2) -> EmbeddedStack:
     worker = (settings.REDIS_URL is None) if worker is None else worker
     server, sink = start_proxy(host=settings.TROVE_PROXY_HOST,
-                               port=settings.TROVE_PROXY_PORT if proxy_port is None else proxy_port)
+                               port=settings.TROVE_PROXY_PORT if proxy_port is None else proxy_port,
+                               unix_path=settings.TROVE_PROXY_SOCKET)
     settings.TROVE_PROXY_PUBLIC_URL = server.base_url  # the port may have been chosen by the OS
     stack = EmbeddedStack(proxy_url=server.base_url, demo_model_url=None)
     stack.stoppers += [server.stop, sink.close]

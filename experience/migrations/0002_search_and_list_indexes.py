@@ -1,31 +1,21 @@
-"""Indexes for search and the list pages.
+"""Search and the list pages.
 
-- Step full-text search (Postgres): a GIN index on an expression over the step's searchable columns (the
-  preview and the inline texts of its payload), so no extra column is stored or written at ingest and COPY
-  fills the index as it goes. The expression must stay identical to experience.search.STEP_SEARCH_DOCUMENT,
-  or queries stop using the index. Each part is capped so a huge inline command cannot overflow a tsvector.
+- StepSearch: a step's full-text document (tsvector) with a GIN index (Postgres), filled off the ingest path
+  by experience.services.search_index; Trajectory.search_indexed and a partial index on the runs waiting.
 - Trajectory tags (Postgres): a GIN index (jsonb_path_ops) serving `tags @> '["x"]'`.
-- B-tree indexes for the list filters (source, harness); Step's own trajectory_id index is dropped, since the
-  unique (trajectory, seq) index serves those lookups.
+- B-tree indexes for the list filters (source, harness) and the import check (original_blob); Step's own
+  trajectory_id index is dropped, since the unique (trajectory, seq) index serves those lookups.
 
 SQLite (the embedded default) gets the B-tree indexes only; search there falls back to substring matching.
 """
 
 import django.db.models.deletion
+import experience.models
 from django.db import migrations, models
 
-STEP_SEARCH_DOCUMENT = (
-    "to_tsvector('simple'::regconfig, "
-    "left(coalesce(preview, ''), 1000) || ' ' || "
-    "left(coalesce(payload ->> 'command', ''), 20000) || ' ' || "
-    "left(coalesce(payload ->> 'text', ''), 20000) || ' ' || "
-    "left(coalesce(payload ->> 'output', ''), 20000) || ' ' || "
-    "left(coalesce(payload ->> 'response_text', ''), 20000) || ' ' || "
-    "left(coalesce(payload ->> 'tool_calls', ''), 20000))"
-)
-
 POSTGRES_INDEXES = [
-    ("step_search_gin", f"CREATE INDEX IF NOT EXISTS step_search_gin ON experience_step USING GIN (({STEP_SEARCH_DOCUMENT}))"),
+    ("stepsearch_document_gin",
+     "CREATE INDEX IF NOT EXISTS stepsearch_document_gin ON experience_stepsearch USING GIN (document)"),
     ("trajectory_tags_gin",
      "CREATE INDEX IF NOT EXISTS trajectory_tags_gin ON experience_trajectory USING GIN (tags jsonb_path_ops)"),
 ]
@@ -52,6 +42,18 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.CreateModel(
+            name='StepSearch',
+            fields=[
+                ('step_id', models.BigIntegerField(primary_key=True, serialize=False)),
+                ('document', experience.models.TsVectorField()),
+            ],
+        ),
+        migrations.AddField(
+            model_name='trajectory',
+            name='search_indexed',
+            field=models.BooleanField(default=False),
+        ),
         migrations.AlterField(
             model_name='step',
             name='trajectory',
@@ -68,6 +70,15 @@ class Migration(migrations.Migration):
         migrations.AddIndex(
             model_name='trajectory',
             index=models.Index(fields=['original_blob'], name='trajectory_original_idx'),
+        ),
+        migrations.AddIndex(
+            model_name='trajectory',
+            index=models.Index(condition=models.Q(('search_indexed', False)), fields=['id'], name='trajectory_unindexed_idx'),
+        ),
+        migrations.AddField(
+            model_name='stepsearch',
+            name='trajectory',
+            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='experience.trajectory'),
         ),
         migrations.RunPython(create_postgres_indexes, drop_postgres_indexes),
     ]

@@ -10,7 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from experience.models import Blob
-from experience.services.bulk import copy_then_insert_ignoring_conflicts, is_postgres
+from experience.services.bulk import copy_ignoring_conflicts, is_postgres
 
 # Below this size compression rarely pays for its CPU; above it, text compresses 3-10x.
 COMPRESS_MIN_BYTES = 512
@@ -55,8 +55,8 @@ def blobs_store(contents: Mapping[str, bytes]) -> int:
     with transaction.atomic():
         if is_postgres():
             now = timezone.now()
-            rows = ((d, len(contents[d]), *_encode(contents[d]), now) for d in sorted(missing))
-            copy_then_insert_ignoring_conflicts("experience_blob", _COLUMNS, rows, conflict="sha256")
+            rows = [(d, len(contents[d]), *_encode(contents[d]), now) for d in sorted(missing)]
+            copy_ignoring_conflicts("experience_blob", _COLUMNS, rows, conflict="sha256")
         else:
             Blob.objects.bulk_create(
                 [_row(d, contents[d]) for d in sorted(missing)], ignore_conflicts=True, batch_size=500

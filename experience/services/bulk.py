@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 
 
 def is_postgres() -> bool:
@@ -20,10 +20,25 @@ def is_postgres() -> bool:
 def copy_rows(table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     """COPY rows into `table` (Postgres only). The caller holds the transaction."""
     statement = f"COPY {_quote(table)} ({', '.join(_quote(c) for c in columns)}) FROM STDIN"
-    with connection.cursor() as cursor:
+    # wrap_database_errors: a unique violation arrives as Django's IntegrityError, as from the ORM.
+    with connection.cursor() as cursor, connection.wrap_database_errors:
         with cursor.connection.cursor() as raw, raw.copy(statement) as copy:
             for row in rows:
                 copy.write_row(row)
+
+
+def copy_ignoring_conflicts(table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, conflict: str) -> None:
+    """COPY rows that are new as far as the caller knows; if a concurrent writer stored one of them
+    meanwhile, redo it as INSERT … ON CONFLICT DO NOTHING (Postgres only; the caller holds the transaction).
+
+    The fast path is a plain COPY (in a savepoint): conflicts are rare, since the caller has just checked
+    which rows exist, and only a writer racing on the same content causes one.
+    """
+    try:
+        with transaction.atomic():
+            copy_rows(table, columns, rows)
+    except IntegrityError:
+        copy_then_insert_ignoring_conflicts(table, columns, rows, conflict=conflict)
 
 
 def copy_then_insert_ignoring_conflicts(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Case, QuerySet, Value, When
+from django.db.models import Case, QuerySet, TextField, Value, When
 from django.db.models.functions import Concat
 from django.utils import timezone
 
@@ -152,7 +152,8 @@ def _apply(action: str, changes: list[_Change], *, note: str, canonical_id: int 
     if action in _STATUS_OF:
         _update(ids, curation_status=_STATUS_OF[action], updated_at=now)
     elif action == "note":
-        appended = Case(When(notes="", then=Value(note)), default=Concat("notes", Value("\n" + note)))
+        appended = Case(When(notes="", then=Value(note)), default=Concat("notes", Value("\n" + note)),
+                        output_field=TextField())
         _update(ids, notes=appended, updated_at=now)
     elif action == "mark_duplicate":
         _update(ids, is_duplicate=True, canonical_id=canonical_id, updated_at=now)

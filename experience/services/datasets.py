@@ -39,8 +39,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from datetime import time as dt_time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import zstandard
 from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Count, Max, Q, QuerySet
@@ -54,12 +55,12 @@ from experience.distill.selection import exclusion_reason
 from experience.distill.source import CURATION_REJECTED, UNUSABLE_STATUSES, SourceRun
 from experience.distill.spec import DatasetSpec
 from experience.errors import Conflict, NotFound, TroveError, ValidationError
-from experience.models import CurationEvent, Dataset, DatasetVersion, Label, Step, Trajectory
-from experience.records import TrajectoryRecord
-from experience.services.blobs import blob_get_many
+from experience.models import Blob, CurationEvent, Dataset, DatasetVersion, Label, Step, Trajectory
+from experience.records import MessageRecord, StepRecord, TrajectoryRecord
 from experience.steps import referenced_hashes, step_record_from_parts
 
 log = logging.getLogger("trove.datasets")
+_zstd = zstandard.ZstdDecompressor()
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 LIST_FILTERS = ("task_sets", "task_keys", "models", "harnesses", "sources", "curation", "tags")
@@ -67,8 +68,11 @@ DATE_FILTERS = ("created_after", "created_before")
 OUTCOMES = ("success", "failure")
 FILTER_KEYS = (*LIST_FILTERS, *DATE_FILTERS, "outcome")
 # Batch bounds of the read path: a batch is this many runs, or fewer once their steps reach STEP_BATCH.
-RUN_BATCH = 1000
-STEP_BATCH = 20_000
+RUN_BATCH = 500
+STEP_BATCH = 5000
+BLOB_QUERY = 5000  # hashes per blob query
+SQLITE_BLOB_QUERY = 500  # SQLite caps the parameters of one statement
+REQUEST_MESSAGES = "request_messages"  # the blob_refs key of a model call's context (experience.steps)
 PROGRESS_EVERY_S = 2.0
 LABEL_SOURCE = "rubric"
 MANIFEST_FILE = "manifest.json"
@@ -82,6 +86,12 @@ STEP_COLUMNS = (
     "id", "trajectory_id", "seq", "kind", "started_at", "ended_at", "duration_ms", "tokens_in", "tokens_out",
     "exit_code", "is_error", "call_id", "payload", "blob_refs",
 )  # fmt: skip
+_TEXT_COLUMNS = ("started_at", "ended_at", "payload", "blob_refs")
+_STEPS_SQL = (
+    f"SELECT {', '.join(f'{c}::text' if c in _TEXT_COLUMNS else c for c in STEP_COLUMNS)} "
+    f"FROM {Step._meta.db_table} WHERE trajectory_id = ANY(%s) ORDER BY trajectory_id, seq"
+)
+_BLOBS_SQL = f"SELECT sha256, encoding, data FROM {Blob._meta.db_table} WHERE sha256 = ANY(%s)"
 # Record fields that come straight from a trajectory column of the same name.
 _RECORD_COLUMNS = (
     "source", "source_format", "source_version", "source_ref", "task_set", "task_key", "instruction",
@@ -518,29 +528,111 @@ def _batch_runs(batch: list[dict[str, Any]], spec: DatasetSpec) -> list[StoredRu
     ]
 
 
-def _steps_of(trajectory_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
-    """Step rows (as dicts, blobs resolved into `_record`) of the runs, in seq order, per run."""
+class _StepRow(NamedTuple):
+    id: int
+    record: StepRecord
+    text: str  # the row's columns as Postgres renders them: what the run's content hash reads
+
+
+def _steps_of(trajectory_ids: list[int]) -> dict[int, list[_StepRow]]:
+    """The runs' steps, rebuilt as StepRecords, in seq order, per run."""
+    parsed = [(row, json.loads(row[13])) for row in _step_rows(trajectory_ids)]
+    blobs = _blobs(h for _row, refs in parsed for h in referenced_hashes(refs))
+    messages = _MessageCache(blobs)
+    grouped: dict[int, list[_StepRow]] = {trajectory_id: [] for trajectory_id in trajectory_ids}
+    for row, refs in parsed:
+        text = "\t".join(map(str, row[2:]))
+        grouped[row[1]].append(_StepRow(row[0], _step_record(row, refs, blobs, messages), text))
+    return grouped
+
+
+def _step_rows(trajectory_ids: list[int]) -> list[tuple]:
+    """The runs' step rows (STEP_COLUMNS; timestamps and JSON as text), ordered by (run, seq).
+
+    On Postgres, raw SQL because this is the hot path: one `= ANY(array)` parameter instead of thousands
+    of IN placeholders, and jsonb and timestamps fetched as Postgres's text (canonical for jsonb), which the
+    content hash reads as it is. Elsewhere (SQLite, the embedded default) the ORM, rendering the same text.
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_STEPS_SQL, [trajectory_ids])
+            return cursor.fetchall()
     rows = (
         Step.objects.filter(trajectory_id__in=trajectory_ids)
         .order_by("trajectory_id", "seq")
         .values_list(*STEP_COLUMNS)
     )
-    steps = [dict(zip(STEP_COLUMNS, values, strict=True)) for values in rows]
-    blobs = blob_get_many(h for step in steps for h in referenced_hashes(step["blob_refs"]))
-    grouped: dict[int, list[dict[str, Any]]] = {trajectory_id: [] for trajectory_id in trajectory_ids}
-    for step in steps:
-        step["_record"] = _step_record(step, blobs)
-        grouped[step["trajectory_id"]].append(step)
-    return grouped
+    return [(*r[:4], _iso(r[4]), _iso(r[5]), *r[6:12], _json_text(r[12]), _json_text(r[13])) for r in rows]
 
 
-def _step_record(step: Mapping[str, Any], blobs: Mapping[str, bytes]):
-    return step_record_from_parts(
-        kind=step["kind"], payload=step["payload"], blob_refs=step["blob_refs"], blobs=blobs,
-        started_at=step["started_at"], ended_at=step["ended_at"], duration_ms=step["duration_ms"],
-        exit_code=step["exit_code"], tokens_in=step["tokens_in"], tokens_out=step["tokens_out"],
-        call_id=step["call_id"], is_error=step["is_error"],
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def _blobs(hashes: Iterable[str]) -> dict[str, bytes]:
+    """Blob contents by hash, BLOB_QUERY hashes a query (`= ANY(array)` on Postgres)."""
+    wanted = list(dict.fromkeys(hashes))
+    found: dict[str, bytes] = {}
+    postgres = connection.vendor == "postgresql"
+    size = BLOB_QUERY if postgres else SQLITE_BLOB_QUERY
+    with connection.cursor() as cursor:
+        for start in range(0, len(wanted), size):
+            chunk = wanted[start : start + size]
+            if postgres:
+                cursor.execute(_BLOBS_SQL, [chunk])
+                rows = cursor.fetchall()
+            else:
+                rows = Blob.objects.filter(sha256__in=chunk).values_list("sha256", "encoding", "data")
+            found.update((digest, _decoded(encoding, data)) for digest, encoding, data in rows)
+    return found
+
+
+def _decoded(encoding: str, data: bytes | memoryview) -> bytes:
+    raw = bytes(data)
+    return _zstd.decompress(raw) if encoding == "zstd" else raw
+
+
+class _MessageCache(dict):
+    """Each context message of a batch parsed once and shared by every model call whose context holds it.
+
+    A run's context grows by a message or two per call, so rebuilding each call's context on its own
+    parses O(calls^2) messages; sharing parses each distinct message once, as importers share them. The
+    records are read-only downstream. A dict, so a hit is a plain lookup: there are O(calls^2) of them.
+    """
+
+    def __init__(self, blobs: Mapping[str, bytes]) -> None:
+        super().__init__()
+        self._blobs = blobs
+
+    def __missing__(self, digest: str) -> MessageRecord:
+        message = self[digest] = MessageRecord(**json.loads(self._blobs[digest]))
+        return message
+
+
+def _step_record(
+    row: tuple, refs: dict[str, Any], blobs: Mapping[str, bytes], messages: _MessageCache
+) -> StepRecord:
+    """A StepRecord from a `_STEPS_SQL` row, as `experience.steps.step_record_from_parts` rebuilds it,
+    except that context messages come from the batch's shared cache."""
+    context = refs.get(REQUEST_MESSAGES)
+    if context is not None:
+        refs = {name: value for name, value in refs.items() if name != REQUEST_MESSAGES}
+    record = step_record_from_parts(
+        kind=row[3], payload=json.loads(row[12]), blob_refs=refs, blobs=blobs,
+        started_at=_moment(row[4]), ended_at=_moment(row[5]), duration_ms=row[6], tokens_in=row[7],
+        tokens_out=row[8], exit_code=row[9], is_error=row[10], call_id=row[11],
     )  # fmt: skip
+    if context is not None:
+        record.request_messages = list(map(messages.__getitem__, context))
+    return record
+
+
+def _moment(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text is not None else None
 
 
 @dataclass(frozen=True)
@@ -552,10 +644,10 @@ class StoredRun(SourceRun):
     step_ids: tuple[int, ...] = ()
 
 
-def _stored_run(row: Mapping[str, Any], steps: list[dict[str, Any]] | None) -> StoredRun:
+def _stored_run(row: Mapping[str, Any], steps: list[_StepRow] | None) -> StoredRun:
     """`steps` None: a run the spec leaves out, passed on without steps (and without a content hash)."""
     record = TrajectoryRecord(
-        **{name: row[name] for name in _RECORD_COLUMNS}, steps=[step["_record"] for step in steps or []]
+        **{name: row[name] for name in _RECORD_COLUMNS}, steps=[step.record for step in steps or []]
     )
     return StoredRun(
         trajectory_id=str(row["id"]),
@@ -564,21 +656,20 @@ def _stored_run(row: Mapping[str, Any], steps: list[dict[str, Any]] | None) -> S
         curation=row["curation_status"],
         is_duplicate=row["is_duplicate"],
         row_id=row["id"],
-        step_ids=tuple(step["id"] for step in steps or []),
+        step_ids=tuple(step.id for step in steps or []),
     )
 
 
-def store_content_hash(row: Mapping[str, Any], steps: list[dict[str, Any]]) -> str:
-    """sha256 of a run as stored: its record columns and every step row (blobs by their hashes, which
-    name their content). Cheaper than hashing the rebuilt record (a context shared by 50 calls is hashed
-    as 50 short references, not 50 copies), and it changes with any change to the run."""
+def store_content_hash(row: Mapping[str, Any], steps: list[_StepRow]) -> str:
+    """sha256 of a run as stored: its record columns and every step row as Postgres renders it (blobs by
+    their hashes, which name their content). Cheaper than hashing the rebuilt record (a context shared by
+    50 calls is 50 short references, not 50 copies), and it changes with any change to the run."""
     digest = hashlib.sha256()
     head = {name: row[name] for name in _RECORD_COLUMNS}
     digest.update(json.dumps(head, sort_keys=True, default=str).encode("utf-8", "surrogatepass"))
     for step in steps:
-        fields = [step[name] for name in STEP_COLUMNS[2:]]
         digest.update(b"\n")
-        digest.update(json.dumps(fields, sort_keys=True, default=str).encode("utf-8", "surrogatepass"))
+        digest.update(step.text.encode("utf-8", "surrogatepass"))
     return digest.hexdigest()
 
 

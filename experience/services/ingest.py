@@ -15,11 +15,9 @@ earlier than steps already stored) the trajectory's steps are renumbered so `seq
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -29,15 +27,13 @@ from django.utils import timezone
 
 from experience.dedup.signature import exact_hash
 from experience.errors import LimitExceeded, NotFound, ValidationError
-from experience.importers.base import Location
-from experience.importers.errors import ImportValidationError
-from experience.importers.validate import validate_record
 from experience.models import Step, Trajectory
-from experience.records import STEP_KINDS, TRAJECTORY_STATUSES, StepRecord, TrajectoryRecord
+from experience.records import TRAJECTORY_STATUSES, StepRecord, TrajectoryRecord
 from experience.services.blobs import blob_put_many, blobs_store, sha256_hex
 from experience.services.bulk import copy_rows, is_postgres
 from experience.services.stored import record_of, stored_step_records
-from experience.steps import BlobSink, PreparedStep, prepare_step, storable
+from experience.services.validation import validate_step, validate_trajectory
+from experience.steps import BlobSink, PreparedStep, prepare_step, refs_json
 
 # Steps are renumbered by first moving them out of the way; numbers never reach this in one trajectory.
 _RENUMBER_OFFSET = 1_000_000_000
@@ -48,9 +44,6 @@ _STEP_COLUMNS = (
     "trajectory_id", "seq", "kind", "started_at", "ended_at", "duration_ms", "tokens_in", "tokens_out",
     "exit_code", "is_error", "call_id", "preview", "payload", "blob_refs",
 )
-_LIMITED_STEP_TEXT = ("text", "output", "response_text", "command")
-_STORED_TEXT = ("source", "source_ref", "source_format", "source_version", "task_key", "task_set",
-                "instruction", "harness", "model", "final_diff")
 
 
 @dataclass(frozen=True)
@@ -61,80 +54,6 @@ class IngestOutcome:
     created: bool
     source: str
     source_ref: str
-
-
-# ---------------------------------------------------------------- validation
-
-
-def validate_step(record: StepRecord, *, index: int, where: str = "") -> None:
-    """The store's own rules for one step (kind, content length, times); raises naming the field."""
-    at = f"{where}steps[{index}]"
-    if record.kind not in STEP_KINDS:
-        raise ValidationError(f"{at}.kind: {record.kind!r} is not one of {', '.join(STEP_KINDS)}", field=f"{at}.kind")
-    limit = settings.TROVE_MAX_CONTENT_CHARS
-    for name in _LIMITED_STEP_TEXT:
-        value = getattr(record, name)
-        if value is not None and not isinstance(value, str):
-            raise ValidationError(f"{at}.{name}: must be text", field=f"{at}.{name}")
-        if value is not None and len(value) > limit:
-            raise LimitExceeded(f"{at}.{name}: {len(value)} characters exceeds the limit of {limit}", field=f"{at}.{name}")
-    if record.started_at and record.ended_at and record.ended_at < record.started_at:
-        raise ValidationError(f"{at}.ended_at: earlier than started_at", field=f"{at}.ended_at")
-
-
-def validate_trajectory(record: TrajectoryRecord, *, where: str = "") -> None:
-    """Everything a record must satisfy before any of it is written: required fields, types (the same
-    full check importers apply), the store's limits, and text Postgres can keep. Raises naming the field,
-    prefixed with `where` (e.g. "trajectories[3].")."""
-    _check_shape(record, where)
-    if record.status not in TRAJECTORY_STATUSES:
-        raise ValidationError(f"{where}status: {record.status!r} is not one of {', '.join(TRAJECTORY_STATUSES)}",
-                              field=f"{where}status")
-    limit = settings.TROVE_MAX_STEPS_PER_TRAJECTORY
-    if len(record.steps) > limit:
-        raise LimitExceeded(f"{where}steps: {len(record.steps)} exceeds the limit of {limit} per trajectory",
-                            field=f"{where}steps")
-    _check_run_text(record, where)
-    for index, step in enumerate(record.steps):
-        validate_step(step, index=index, where=where)
-    _check_types(record, where)
-
-
-def _check_shape(record: Any, where: str) -> None:
-    if not isinstance(record, TrajectoryRecord):
-        raise ValidationError(f"{where.rstrip('.') or 'record'}: not a trajectory record", field=where.rstrip(".") or None)
-    for name in ("source", "source_ref", "task_key"):
-        if not getattr(record, name):
-            raise ValidationError(f"{where}{name}: required", field=f"{where}{name}")
-    if not isinstance(record.steps, list):
-        raise ValidationError(f"{where}steps: must be a list", field=f"{where}steps")
-
-
-def _check_run_text(record: TrajectoryRecord, where: str) -> None:
-    limit = settings.TROVE_MAX_CONTENT_CHARS
-    for name in _STORED_TEXT:
-        value = getattr(record, name)
-        if not isinstance(value, str):
-            continue  # _check_types names it
-        if len(value) > limit:
-            raise LimitExceeded(f"{where}{name}: {len(value)} characters exceeds the limit of {limit}", field=f"{where}{name}")
-        if not storable(value):
-            raise ValidationError(f"{where}{name}: contains a NUL character or invalid Unicode", field=f"{where}{name}")
-    if isinstance(record.metadata, dict) and not storable(json.dumps(record.metadata, ensure_ascii=False, default=str)):
-        raise ValidationError(f"{where}metadata: contains a NUL character or invalid Unicode", field=f"{where}metadata")
-
-
-def _check_types(record: TrajectoryRecord, where: str, *, step_index: int | None = None) -> None:
-    """The importers' full type check (experience.importers.validate), its error renamed for this caller."""
-    try:
-        validate_record(record, Location(Path("record")))
-    except ImportValidationError as error:
-        field = error.field or ""
-        problem = error.problem.removeprefix(f"field '{field}' ")
-        if step_index is not None:  # a one-step probe record: its step 0 is the caller's step_index
-            field = field.replace("steps[0]", f"steps[{step_index}]", 1)
-        name = f"{where}{field}" if field else where.rstrip(".") or "record"
-        raise ValidationError(f"{name}: {problem}", field=name) from None
 
 
 def _is_race(error: Exception) -> bool:
@@ -253,7 +172,7 @@ def _copy_row(trajectory_id: int, seq: int, item: PreparedStep) -> tuple:
     r = item.record
     return (
         trajectory_id, seq, r.kind, r.started_at, r.ended_at, r.duration_ms, r.tokens_in, r.tokens_out,
-        r.exit_code, r.is_error, r.call_id, item.preview, item.payload_json, json.dumps(item.blob_refs),
+        r.exit_code, r.is_error, r.call_id, item.preview, item.payload_json, refs_json(item.blob_refs),
     )
 
 
@@ -345,8 +264,6 @@ def steps_append(*, trajectory_id: int, steps: Sequence[StepRecord], first_seq: 
     """
     for index, step in enumerate(steps):
         validate_step(step, index=index)
-        probe = TrajectoryRecord(source="x", source_format="x", source_ref="x", task_key="x", steps=[step])
-        _check_types(probe, "", step_index=index)
     if first_seq is not None and first_seq < 0:
         raise ValidationError("first_seq: must be 0 or more", field="first_seq")
     sink = BlobSink()
@@ -383,7 +300,8 @@ def _append(trajectory_id: int, prepared: list[PreparedStep], first_seq: int | N
     latest = _latest_start(trajectory_id)
     rows = [_step_row(trajectory_id, trajectory.next_seq + i, item, derive_duration=True) for i, item in enumerate(fresh)]
     created = Step.objects.bulk_create(rows)
-    Trajectory.objects.filter(pk=trajectory_id).update(next_seq=trajectory.next_seq + len(rows))
+    # New steps have no search document yet: back into the search indexer's queue (under our row lock).
+    Trajectory.objects.filter(pk=trajectory_id).update(next_seq=trajectory.next_seq + len(rows), search_indexed=False)
     earliest_new = min((r.started_at for r in rows if r.started_at), default=None)
     if latest and earliest_new and earliest_new < latest:
         _renumber_by_time(trajectory_id)

@@ -82,15 +82,15 @@ def _slim_rows(version: DatasetVersion, split: str) -> Iterator[dict[str, Any]]:
     TAIL_CHARS characters, joined as `baseline.row_text` joins them, so the features are unchanged."""
     for row in version_rows(version=version, split=split):
         context = "\n".join(str(m.get("content") or "") for m in row.get("messages") or [])
-        yield {
+        slim = {
             "messages": [{"role": "user", "content": context[-baseline.TAIL_CHARS :]}],
             "action": {"content": (row.get("action") or {}).get("content") or ""},
-            "step_index": row.get("step_index"),
-            "step_count": row.get("step_count"),
             "stats": row.get("stats") or {},
             "rubric": row.get("rubric") or {},
             "outcome": row["outcome"],
         }
+        # Outcome rows have a step count and no step index: keep whichever the row has.
+        yield slim | {key: row[key] for key in ("step_index", "step_count") if key in row}
 
 
 def _val_auc(model: baseline.BaselineModel, version: DatasetVersion) -> dict[str, Any]:

@@ -23,7 +23,7 @@ def test_an_adaptive_job_submitted_by_the_client_runs_for_real_and_streams_back(
     job = trove.submit_job(task_set=demo_task_set.name, fleet=demo_fleet.name, model_base_url=demo_model_url,
                            model_name="trove-demo-stand-in", samples_per_task=3, sampling="adaptive",
                            adaptive_first_round=2, task_keys=["calc_expr", "slugify"], max_steps=20, concurrency=2)
-    rollouts = list(trove.iter_finished_rollouts(job["id"], poll_interval=0.5))
+    rollouts = list(trove.iter_finished_rollouts(job["id"], poll_interval=0.5, timeout=240))
 
     status = trove.job_status(job["id"])
     assert status["status"] == "completed"
@@ -34,4 +34,7 @@ def test_an_adaptive_job_submitted_by_the_client_runs_for_real_and_streams_back(
         trajectory = Trajectory.objects.get(pk=rollout["trajectory_id"])
         assert trajectory.reward == rollout["reward"]
         assert rollout["trajectory_url"].endswith(f"/trajectories/{trajectory.pk}/")
+    run = trove.get_trajectory(rollouts[0]["trajectory_id"])
+    assert run["id"] == rollouts[0]["trajectory_id"] and run["reward"] == rollouts[0]["reward"]
+    assert any(step["kind"] == "eval" for step in run["steps"])
     assert not Sandbox.objects.exclude(state=Sandbox.State.TERMINATED).exists()

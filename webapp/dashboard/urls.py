@@ -1,10 +1,21 @@
 from django.urls import path
 
-from webapp.dashboard import views
+from webapp.dashboard import datasets, views
+from webapp.dashboard import fleets as fleet_views
 
 app_name = "dashboard"
 urlpatterns = [
     path("", views.overview, name="overview"),
     path("jobs/<int:job_id>/", views.job_detail, name="job"),
     path("trajectories/<int:trajectory_id>/", views.trajectory_detail, name="trajectory"),
+    path("fleets/", fleet_views.fleet_list, name="fleets"),
+    path("fleets/<int:fleet_id>/", fleet_views.fleet_detail, name="fleet"),
+    path("fleets/<int:fleet_id>/scale/", fleet_views.fleet_scale, name="fleet-scale"),
+    path("fleets/<int:fleet_id>/drain/", fleet_views.fleet_drain, name="fleet-drain"),
+    path("fleets/<int:fleet_id>/template/", fleet_views.fleet_template, name="fleet-template"),
+    path("datasets/", datasets.dataset_index, name="datasets"),
+    path("datasets/<str:name>/", datasets.dataset_detail, name="dataset"),
+    path("datasets/<str:name>/build/", datasets.dataset_build, name="dataset-build"),
+    path("datasets/<str:name>/v<int:version>/", datasets.dataset_version, name="dataset-version"),
+    path("dataset-compare/", datasets.dataset_compare, name="dataset-compare"),
 ]

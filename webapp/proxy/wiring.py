@@ -74,13 +74,14 @@ async def resolve_token(token: str):
     return target
 
 
-def make_trove_proxy_app(*, sink=None):
+def make_trove_proxy_app(*, sink=None, **app_options):
     """The proxy app wired to this Trove: tokens from the database, records into the store.
 
     Returns (app, sink). The default sink writes in batches from a background thread of this process.
+    `app_options` go to `make_proxy_app` (upstream_timeout, connector_limit, ...).
     """
     from webapp.proxy.app import make_proxy_app
     from webapp.proxy.recorder import InProcessSink
 
     sink = sink or InProcessSink(write_call_records)
-    return make_proxy_app(resolve=resolve_token, sink=sink), sink
+    return make_proxy_app(resolve=resolve_token, sink=sink, **app_options), sink

@@ -8,7 +8,9 @@ What a sandbox sees:
     /workspace                    the sandbox's host workspace directory, read-write; the working directory
     /run/trove                    the host run directory: the agent creates its socket here
     /opt/trove/agent              the agent (bytecode, or source under a rootfs), read-only
-    /run/proxy/proxy.sock         network "proxy-only": the recording proxy's Unix socket, reached from
+    /opt/trove/harness            Trove's example harnesses (workers/harness/examples), read-only
+    /run/proxy/                   network "proxy-only": the directory of the recording proxy's Unix socket
+                                  (the directory, so a restarted proxy's new socket is seen), reached from
                                   inside at http://127.0.0.1:18080 through the agent's forwarder
 and `/` itself is read-only. All namespaces are new (user, pid, mount, ipc, uts, cgroup, and network unless
 the policy shares the host's), no capabilities, no nested user namespaces, uid/gid 1000, a clean
@@ -26,7 +28,8 @@ WORKSPACE = "/workspace"
 RUN_DIR = "/run/trove"
 SOCKET_NAME = "agent.sock"
 AGENT_PATH = "/opt/trove/agent"  # python runs a file with a .pyc magic number as bytecode
-PROXY_SOCKET = "/run/proxy/proxy.sock"
+HARNESS_DIR = "/opt/trove/harness"
+PROXY_DIR = "/run/proxy"
 PROXY_PORT = 18080
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # Host /etc entries worth having: the loader cache (faster starts), the Debian alternatives symlinks that
@@ -108,7 +111,8 @@ class Launch:
     python: str  # path of python3 inside the sandbox
     rootfs: str = ""
     share_net: bool = False
-    proxy_socket: str = ""  # host path, for network "proxy-only"
+    proxy_socket: str = ""  # host path, for network "proxy-only"; its directory is bound in
+    harness: bool = False  # bind shared_dir/harness (the example harnesses) at HARNESS_DIR
     tmp_size_mb: int | None = None
     env: tuple[tuple[str, str], ...] = ()
 
@@ -132,7 +136,8 @@ def bwrap_args(launch: Launch) -> list[str]:
         "--bind", launch.paths.workspace, WORKSPACE,
         "--bind", launch.paths.run, RUN_DIR,
         "--ro-bind", os.path.join(launch.shared_dir, agent_file(launch)), AGENT_PATH,
-        *(["--ro-bind", launch.proxy_socket, PROXY_SOCKET] if launch.proxy_socket else []),
+        *(["--ro-bind", os.path.join(launch.shared_dir, "harness"), HARNESS_DIR] if launch.harness else []),
+        *(["--ro-bind", os.path.dirname(launch.proxy_socket), PROXY_DIR] if launch.proxy_socket else []),
         "--remount-ro", "/",
         "--chdir", WORKSPACE,
         "--json-status-fd", "3",
@@ -195,5 +200,6 @@ def agent_command(launch: Launch) -> list[str]:
     command = [launch.python, "-I", "-S", AGENT_PATH, "--listen", f"unix:{RUN_DIR}/{SOCKET_NAME}",
                "--secret-file", "-", "--workspace", WORKSPACE]
     if launch.proxy_socket:
-        command += ["--forward", f"tcp:127.0.0.1:{PROXY_PORT}=unix:{PROXY_SOCKET}"]
+        inside = f"{PROXY_DIR}/{os.path.basename(launch.proxy_socket)}"
+        command += ["--forward", f"tcp:127.0.0.1:{PROXY_PORT}=unix:{inside}"]
     return command

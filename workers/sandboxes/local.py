@@ -35,8 +35,10 @@ bind sources as that uid, so `root` must be reachable by it: under a root whose 
 searchable by `host_uid` (pytest's 0700 basetemp, say) the backend warns and runs as the current user.
 
 Network: "none" (and "proxy-only" without a proxy socket) keeps an empty network namespace (loopback only).
-"proxy-only" with `spec.proxy_socket` binds that Unix socket in and the agent forwards
-127.0.0.1:18080 inside to it (TROVE_PROXY_URL in the sandbox's environment). "allow-list" cannot be
+"proxy-only" with `spec.proxy_socket` binds that Unix socket's directory in (read-only; it must hold nothing
+but sockets, so nothing else is exposed; a directory rather than the file so that a restarted proxy's new
+socket is seen by running sandboxes) and the agent forwards 127.0.0.1:18080 inside to it (TROVE_PROXY_URL in
+the sandbox's environment). The socket must be connectable by the sandbox uid (mode 0666). "allow-list" cannot be
 enforced locally: it is refused unless the backend was built with `allow_host_network=True`, in which case
 the sandbox shares the host network without filtering.
 
@@ -57,6 +59,7 @@ import secrets
 import select
 import shutil
 import socket
+import stat
 import subprocess
 import threading
 import time
@@ -84,6 +87,8 @@ DEFAULT_ROOT = "var/sandboxes"
 DEFAULT_HOST_UID = 64999
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 AGENT_SOURCE = Path(__file__).with_name("agent.py")
+# Trove's example harnesses, copied to .shared/harness and bound read-only at /opt/trove/harness.
+HARNESS_EXAMPLES = Path(__file__).resolve().parents[1] / "harness" / "examples"
 UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 LOG_TAIL = 4000
 KILL_TIMEOUT = 10.0
@@ -113,6 +118,7 @@ class LocalBackend(SandboxBackend):
         bwrap_path: str = "/usr/bin/bwrap",
         python: str = "/usr/bin/python3",
         setpriv: str = "/usr/bin/setpriv",
+        harness_dir: str | os.PathLike[str] | None = HARNESS_EXAMPLES,
     ) -> None:
         self.root = os.path.abspath(root)
         self.host_uid: int | None = host_uid if os.geteuid() == 0 else None
@@ -121,6 +127,7 @@ class LocalBackend(SandboxBackend):
         self.bwrap_path = bwrap_path
         self.python = python
         self.setpriv = setpriv
+        self.harness_dir = harness_dir
         self.cgroups = CgroupManager(cgroup_parent, enabled=use_cgroups)
         self.limits_enforced = self.cgroups.enforced
         self.root_tag = hashlib.sha256(self.root.encode()).hexdigest()[:8]
@@ -249,7 +256,7 @@ class LocalBackend(SandboxBackend):
         return bwrap.Launch(
             name=spec.name, paths=paths, shared_dir=self.shared_dir, python=self.python,
             rootfs=os.path.abspath(spec.rootfs) if spec.rootfs else "", share_net=self._share_net(spec),
-            proxy_socket=self._proxy_socket(spec), tmp_size_mb=spec.disk_mb,
+            proxy_socket=self._proxy_socket(spec), tmp_size_mb=spec.disk_mb, harness=self.harness_dir is not None,
             env=tuple(sorted(spec.env.items())),
         )
 
@@ -266,9 +273,20 @@ class LocalBackend(SandboxBackend):
     def _proxy_socket(self, spec: SandboxSpec) -> str:
         if spec.network != "proxy-only" or not spec.proxy_socket:
             return ""  # proxy-only without a proxy to reach is simply no network
-        if not os.path.exists(spec.proxy_socket):
-            raise SandboxStartFailed(f"proxy socket {spec.proxy_socket!r} does not exist", reason="no_proxy")
-        return os.path.abspath(spec.proxy_socket)
+        path = os.path.abspath(spec.proxy_socket)
+        if not _is_socket(path):
+            raise SandboxStartFailed(f"proxy socket {path!r} does not exist (is the proxy running?)", reason="no_proxy")
+        directory = os.path.dirname(path)
+        others = [e for e in os.listdir(directory) if not _is_socket(os.path.join(directory, e))]
+        if others:  # the whole directory is bound in: it must not expose anything but the proxy
+            raise SandboxStartFailed(
+                f"proxy socket directory {directory!r} holds other files too ({others[0]!r}, ...): give the proxy "
+                "socket a directory of its own", reason="proxy_socket_dir", permanent=True)
+        blocked = _untraversable_ancestor(directory, self.host_uid) if self.host_uid is not None else None
+        if blocked:
+            raise SandboxStartFailed(f"proxy socket {path!r}: {blocked} is not searchable by the sandbox uid "
+                                     f"{self.host_uid}", reason="proxy_socket_access", permanent=True)
+        return path
 
     def _limits(self, spec: SandboxSpec) -> Limits:
         return Limits(cpu=spec.cpu if spec.cpu is not None else self.defaults.cpu,
@@ -370,6 +388,8 @@ class LocalBackend(SandboxBackend):
             _compile_agent(self.python, agent_py)
         for filename, text in bwrap.GENERATED_ETC.items():
             _install(os.path.join(self.shared_dir, "etc", filename), text.encode())
+        if self.harness_dir is not None:
+            self._install_harnesses(Path(self.harness_dir))
         blocked = _untraversable_ancestor(self.root, self.host_uid) if self.host_uid is not None else None
         if blocked:
             logger.warning(
@@ -378,6 +398,15 @@ class LocalBackend(SandboxBackend):
                 "Choose a root whose parent directories are world-searchable (o+x) to keep the privilege drop.",
                 self.root, blocked, self.host_uid)
             self.host_uid = None
+
+
+    def _install_harnesses(self, source: Path) -> None:
+        target = os.path.join(self.shared_dir, "harness")
+        os.makedirs(target, exist_ok=True)
+        os.chmod(target, 0o755)
+        for path in sorted(source.iterdir()) if source.is_dir() else []:
+            if path.is_file() and not path.name.startswith("."):
+                _install(os.path.join(target, path.name), path.read_bytes())
 
 
 # ---------------------------------------------------------------- module helpers
@@ -563,6 +592,13 @@ def _failure_reason(paths: bwrap.SandboxPaths) -> str:
         pass
     log = _tail(paths.log, 500)
     return f"processes exited (exit code {exit_code})" + (f": {log}" if log else "")
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _tail(path: str, size: int = LOG_TAIL) -> str:

@@ -155,3 +155,47 @@ def test_vectors_of_the_wrong_shape_are_refused():
         index.add(np.array([1]), np.zeros((1, DIM + 1), dtype=np.float32))
     with pytest.raises(ValueError, match="unique"):
         index.add(np.array([1, 1]), clustered(2))
+
+
+def test_with_a_recall_floor_the_close_neighbours_are_found_with_fewer_probes(data):
+    ids, vectors = data
+    plain = VectorIndex(DIM, exact_threshold=5_000, seed=1)
+    floored = VectorIndex(DIM, exact_threshold=5_000, recall_floor=0.9, seed=1)
+    plain.rebuild(ids, vectors)
+    floored.rebuild(ids, vectors)
+    queries = unit(vectors[::300] + 0.02 * np.random.default_rng(4).standard_normal((100, DIM)))
+
+    scores, found = floored.search(queries, 10)
+    truth_scores, truth_ids = brute_force(ids, vectors, queries, 10)
+
+    assert floored.nprobe <= plain.nprobe
+    assert (truth_scores >= 0.9).sum() > 100  # the floor is tested on real close pairs
+    assert recall_at_k(found, scores, truth_ids, truth_scores, k=10, floor=0.9) >= 0.99
+
+
+def test_a_search_can_ask_for_more_probes_than_the_tuned_value(data, tmp_path):
+    ids, vectors = data
+    index = VectorIndex(DIM, exact_threshold=5_000, recall_floor=0.9)
+    index.rebuild(ids, vectors)
+    queries = clustered(20, seed=9)
+
+    _, every_list = index.search(queries, 10, nprobe=index.nlist)
+
+    np.testing.assert_array_equal(every_list, brute_force(ids, vectors, queries, 10)[1])
+    index.save(tmp_path / "index")
+    assert VectorIndex.load(tmp_path / "index").recall_floor == 0.9
+
+
+def test_an_ivf_index_shrunk_by_removals_goes_back_to_exact_and_keeps_the_rest(data):
+    ids, vectors = data[0][:6_000], data[1][:6_000]
+    index = VectorIndex(DIM, exact_threshold=5_000)
+    index.add(ids, vectors)
+    assert index.kind == "ivf"
+
+    index.remove(ids[:4_000])
+
+    kept_ids, kept_vectors = index.contents()
+    order = np.argsort(kept_ids)
+    assert index.kind == "flat" and len(index) == 2_000
+    np.testing.assert_array_equal(kept_ids[order], ids[4_000:])
+    np.testing.assert_array_equal(kept_vectors[order], vectors[4_000:])

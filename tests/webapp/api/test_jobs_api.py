@@ -59,7 +59,7 @@ def test_a_trainer_submits_a_job_by_names_and_its_rollouts_are_enqueued(
     assert body["budget"]["total"] == 12 and [row["task"] for row in body["budget"]["per_task"]] == ["a", "b", "c"]
     assert body["rollouts_url"].endswith(f"/api/v1/jobs/{job.pk}/rollouts/")
     messages = celery_queue()
-    assert [m["task"] for m in messages] == ["trove.rollouts.run"] * 6
+    assert [m["task"] for m in messages] == ["trove.rollouts.run"] * 6, messages
     assert sorted(int(m["argsrepr"].strip("(),")) for m in messages) == sorted(job.rollouts.values_list("pk", flat=True))
     assert SECRET not in response.content.decode()
 

@@ -1,0 +1,143 @@
+"""Fleet pages for ops: the fleet list (with a create form) and a fleet's page (counts by state, warm hit rate,
+latency histograms, hold reason, live sandboxes, the event log; forms to scale, drain and move to another
+template version). Thin: a form, a service or selector, a template."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from experience.errors import NotFound, TroveError
+from webapp.fleets import selectors, services
+from webapp.fleets.models import EnvironmentTemplate, Fleet
+
+LIVE_SANDBOXES_SHOWN = 100
+
+
+class TemplateChoiceForm(forms.Form):
+    """A form with a `template` choice among templates read once by the view (one query, however rendered)."""
+
+    template = forms.TypedChoiceField(coerce=int)
+
+    def __init__(self, *args, templates: list[EnvironmentTemplate], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.templates = {t.pk: t for t in templates}
+        self.fields["template"].choices = [(t.pk, str(t)) for t in templates]
+
+    def clean_template(self) -> EnvironmentTemplate:
+        return self.templates[self.cleaned_data["template"]]
+
+
+class FleetCreateForm(TemplateChoiceForm):
+    field_order = ["name", "template"]
+    name = forms.CharField(max_length=100)
+    backend = forms.ChoiceField(choices=Fleet.Backend.choices)
+    min_warm = forms.IntegerField(min_value=0, initial=0)
+    max_warm = forms.IntegerField(min_value=0, initial=4)
+    max_total = forms.IntegerField(min_value=0, initial=16)
+    sizing = forms.ChoiceField(choices=Fleet.Sizing.choices, initial=Fleet.Sizing.BACKLOG)
+    miss_policy = forms.ChoiceField(choices=Fleet.MissPolicy.choices, initial=Fleet.MissPolicy.COLD)
+
+
+class FleetScaleForm(forms.Form):
+    min_warm = forms.IntegerField(min_value=0)
+    max_warm = forms.IntegerField(min_value=0)
+    max_total = forms.IntegerField(min_value=0)
+    refill_per_minute = forms.IntegerField(min_value=1)
+
+
+class FleetTemplateForm(TemplateChoiceForm):
+    pass
+
+
+@login_required
+def fleet_list(request):
+    form = FleetCreateForm(request.POST or None, templates=list(selectors.template_list()))
+    if request.method == "POST" and form.is_valid():
+        fields = dict(form.cleaned_data)
+        try:
+            fleet = services.fleet_create(name=fields.pop("name"), template=fields.pop("template"), **fields)
+        except TroveError as error:
+            form.add_error(error.field if error.field in form.fields else None, error.message)
+        else:
+            messages.success(request, f"Fleet {fleet.name} created.")
+            return redirect("dashboard:fleet", fleet.pk)
+    fleets = list(selectors.fleet_list())
+    return render(request, "dashboard/fleets.html", {
+        "rows": [{"fleet": f, "counts": selectors.state_counts(f)} for f in fleets], "form": form,
+    })
+
+
+@login_required
+def fleet_detail(request, fleet_id: int):
+    fleet = _fleet_or_404(fleet_id)
+    before = request.GET.get("before")
+    events, next_before = selectors.fleet_events(fleet=fleet, before=int(before) if before and before.isdigit() else None)
+    live = selectors.sandbox_list(fleet_id=fleet.pk, live=True)[:LIVE_SANDBOXES_SHOWN]
+    return render(request, "dashboard/fleet.html", {
+        "fleet": fleet, "counts": selectors.state_counts(fleet), "latency": selectors.fleet_latencies(fleet=fleet),
+        "events": events, "next_before": next_before, "sandboxes": live,
+        "scale_form": FleetScaleForm(initial={key: getattr(fleet, key) for key in services.SIZE_FIELDS}),
+        "template_form": FleetTemplateForm(initial={"template": fleet.template_id},
+                                           templates=list(selectors.template_list())),
+    })
+
+
+@login_required
+@require_POST
+def fleet_scale(request, fleet_id: int):
+    fleet = _fleet_or_404(fleet_id)
+    form = FleetScaleForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, _form_errors(form))
+        return redirect("dashboard:fleet", fleet.pk)
+    _apply(request, lambda: services.fleet_scale(fleet=fleet, reason=f"scaled by {request.user}", **form.cleaned_data),
+           f"Fleet {fleet.name} scaled.")
+    return redirect("dashboard:fleet", fleet.pk)
+
+
+@login_required
+@require_POST
+def fleet_drain(request, fleet_id: int):
+    fleet = _fleet_or_404(fleet_id)
+    _apply(request, lambda: services.fleet_drain(fleet=fleet, reason=f"drained by {request.user}"),
+           f"Fleet {fleet.name} is draining: warm sandboxes go, leased ones finish.")
+    return redirect("dashboard:fleet", fleet.pk)
+
+
+@login_required
+@require_POST
+def fleet_template(request, fleet_id: int):
+    fleet = _fleet_or_404(fleet_id)
+    form = FleetTemplateForm(request.POST, templates=list(selectors.template_list()))
+    if not form.is_valid():
+        messages.error(request, _form_errors(form))
+        return redirect("dashboard:fleet", fleet.pk)
+    template = form.cleaned_data["template"]
+    _apply(request, lambda: services.fleet_set_template(fleet=fleet, template=template),
+           f"Fleet {fleet.name} moves to {template}: warm sandboxes are replaced as new ones come up.")
+    return redirect("dashboard:fleet", fleet.pk)
+
+
+def _fleet_or_404(fleet_id: int) -> Fleet:
+    try:
+        return selectors.fleet_get(fleet_id=fleet_id)
+    except NotFound as error:
+        raise Http404(str(error)) from None
+
+
+def _apply(request, action, success: str) -> None:
+    try:
+        action()
+    except TroveError as error:
+        messages.error(request, error.message)
+    else:
+        messages.success(request, success)
+
+
+def _form_errors(form: forms.Form) -> str:
+    return "; ".join(f"{field}: {' '.join(errors)}" for field, errors in form.errors.items())
