@@ -116,7 +116,6 @@ def celery_worker_process(transactional_db, proxy, sandbox_root, tmp_path):
          "--without-heartbeat", "--without-mingle", "--without-gossip", "-n", f"{queue}@%h", "-l", "INFO"],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
-    settings.CELERY_TASK_DEFAULT_QUEUE = queue
     from webapp.celery import app
 
     app.conf.task_default_queue = queue

@@ -206,6 +206,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Jobs and rollouts both have a "status" enum: name them apart in the schema.
+    "ENUM_NAME_OVERRIDES": {
+        "JobStatusEnum": "webapp.rollouts.models.RolloutJob.Status",
+        "RolloutStatusEnum": "webapp.rollouts.models.Rollout.Status",
+    },
 }
 
 LOGGING = {

@@ -614,7 +614,7 @@ class _MessageCache(dict):
 
 
 def _step_record(
-    row: tuple, refs: dict[str, Any], blobs: Mapping[str, bytes], messages: _MessageCache
+    row: tuple, refs: dict[str, Any], blobs: dict[str, bytes], messages: _MessageCache
 ) -> StepRecord:
     """A StepRecord from a `_STEPS_SQL` row, as `experience.steps.step_record_from_parts` rebuilds it,
     except that context messages come from the batch's shared cache."""
@@ -694,25 +694,22 @@ def rubric_labels_write(*, runs: list[StoredRun]) -> int:
 
 def _run_labels(run: StoredRun) -> list[Label]:
     scored = rubric(run.record)
-    step_ids = run.step_ids
     final = scored.run_labels
-    changed_at: dict[str, int | None] = dict.fromkeys(LABELS)
+    changed_at: dict[str, int] = {}  # label -> the step after which it last changed
     previous = labels_of(scored.state_before(0))
     for index, state in enumerate(scored.states):
         current = labels_of(state)
-        for name in LABELS:
-            if current[name] != previous[name]:
-                changed_at[name] = index
+        changed_at.update((name, index) for name in LABELS if current[name] != previous[name])
         previous = current
     return [
         Label(
             trajectory_id=run.row_id,
-            step_id=step_ids[changed_at[name]] if changed_at[name] is not None else None,
+            step_id=run.step_ids[changed_at[name]] if name in changed_at else None,
             name=name,
             value=final[name],
             source=LABEL_SOURCE,
             version=RUBRIC_VERSION,
-        )  # fmt: skip
+        )
         for name in LABELS
     ]
 

@@ -13,7 +13,8 @@ again adds nothing.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -207,6 +208,23 @@ def trajectory_files(root: Path) -> list[tuple[Path, str | None]]:
 
 def _hidden(relative: Path) -> bool:
     return any(part.startswith(".") for part in relative.parts)
+
+
+def trajectories_import_upload(
+    *, filename: str, chunks: Iterable[bytes], format: str | None = None
+) -> FileReport:
+    """Import an uploaded file (given as byte chunks) like trajectories_import_file, from a temporary copy:
+    importers read paths (an Inspect .eval is a zip). The report names the file by `filename`."""
+    name = Path(filename).name or "upload"
+    digest = hashlib.sha256()
+    with tempfile.TemporaryDirectory(prefix="trove-upload-") as folder:
+        target = Path(folder) / name
+        with open(target, "wb") as handle:
+            for chunk in chunks:
+                digest.update(chunk)
+                handle.write(chunk)
+        return trajectories_import_file(path=target, format=format, name=upload_name(name, digest.hexdigest()),
+                                        label=name)
 
 
 def upload_name(filename: str, content_digest: str) -> str:

@@ -139,7 +139,7 @@ def _best_of_n(
     return {str(n): _mean_rates(results, n, trials) for n, results in per_n.items()}
 
 
-def _mean_rates(results: list[Mapping[str, Any]], n: int, trials: int) -> dict[str, Any]:
+def _mean_rates(results: Sequence[Mapping[str, Any]], n: int, trials: int) -> dict[str, Any]:
     rates: dict[str, Any] = {"n": n, "tasks": len(results), "trials": trials}
     for name in ("random", "reranked", "oracle"):
         rates[name] = sum(r[name] for r in results) / len(results) if results else None

@@ -112,7 +112,7 @@ class DatasetDetailSerializer(DatasetSerializer):
 
     def get_versions(self, dataset: Dataset) -> list[dict]:
         versions = dataset.versions.select_related("dataset").order_by("-version")
-        return VersionSerializer(versions, many=True, context=self.context).data
+        return list(VersionSerializer(versions, many=True, context=self.context).data)
 
 
 class CreatedSerializer(serializers.Serializer):

@@ -21,12 +21,9 @@
 
 from __future__ import annotations
 
-import hashlib
-import tempfile
 from collections.abc import Iterator
 from dataclasses import fields as dataclass_fields
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import django_filters
@@ -69,8 +66,7 @@ from experience.services.importing import (
     INVALID,
     UNRECOGNISED,
     ImportReport,
-    trajectories_import_file,
-    upload_name,
+    trajectories_import_upload,
 )
 from experience.services.ingest import steps_append, trajectories_ingest_many
 from experience.services.stored import stored_step_records
@@ -425,7 +421,9 @@ class TrajectoryImportApi(APIView):
         given = ImportInputSerializer(data={"file": request.FILES.getlist("file"), **_single(request.data, "format")})
         given.is_valid(raise_exception=True)
         report = ImportReport(files=[
-            _import_upload(upload, given.validated_data.get("format")) for upload in given.validated_data["file"]
+            trajectories_import_upload(filename=upload.name or "upload", chunks=upload.chunks(),
+                                       format=given.validated_data.get("format"))
+            for upload in given.validated_data["file"]
         ])
         if all(f.status in (INVALID, UNRECOGNISED) for f in report.files):
             first = report.files[0]
@@ -437,20 +435,6 @@ class TrajectoryImportApi(APIView):
 def _single(data: Any, name: str) -> dict[str, Any]:
     value = data.get(name) if hasattr(data, "get") else None
     return {name: value} if value else {}
-
-
-def _import_upload(upload: Any, format: str | None):
-    """Import one uploaded file from a temporary copy (importers read paths: an .eval is a zip)."""
-    name = Path(upload.name or "upload").name
-    digest = hashlib.sha256()
-    with tempfile.TemporaryDirectory(prefix="trove-upload-") as folder:
-        target = Path(folder) / name
-        with open(target, "wb") as handle:
-            for chunk in upload.chunks():
-                digest.update(chunk)
-                handle.write(chunk)
-        return trajectories_import_file(path=target, format=format, name=upload_name(name, digest.hexdigest()),
-                                        label=name)
 
 
 class TrajectoryExportApi(APIView):

@@ -1,12 +1,15 @@
 from django.urls import path
 
-from webapp.dashboard import datasets, views
+from webapp.dashboard import datasets, explorer, views
 from webapp.dashboard import fleets as fleet_views
 
 app_name = "dashboard"
 urlpatterns = [
     path("", views.overview, name="overview"),
     path("jobs/<int:job_id>/", views.job_detail, name="job"),
+    path("trajectories/", explorer.explorer, name="explorer"),
+    path("trajectories/curate/", explorer.explorer_curate, name="explorer-curate"),
+    path("trajectories/import/", explorer.trajectory_import, name="trajectory-import"),
     path("trajectories/<int:trajectory_id>/", views.trajectory_detail, name="trajectory"),
     path("fleets/", fleet_views.fleet_list, name="fleets"),
     path("fleets/<int:fleet_id>/", fleet_views.fleet_detail, name="fleet"),

@@ -138,8 +138,13 @@ def test_a_claim_on_an_empty_pool_is_a_miss_that_changes_nothing():
     assert not Sandbox.objects.exists()
 
 
+def _claim_in_steps(*, fleet, holder, lease_seconds, count_hit):
+    return services._claim_warm_orm(fleet, holder, lease_seconds, "warm", None, count_hit)
+
+
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_claimers_each_get_a_different_sandbox_and_none_is_leased_twice():
+@pytest.mark.parametrize("claim", [services.sandbox_claim_warm, _claim_in_steps], ids=["one-statement", "orm-steps"])
+def test_concurrent_claimers_each_get_a_different_sandbox_and_none_is_leased_twice(claim):
     fleet = make_fleet(max_warm=40, max_total=40)
     rows = warm_rows(fleet, 30)
     claims: list[int] = []
@@ -148,7 +153,7 @@ def test_concurrent_claimers_each_get_a_different_sandbox_and_none_is_leased_twi
     def claimer(index: int) -> None:
         start.wait()
         try:
-            while (sandbox := services.sandbox_claim_warm(fleet=fleet, holder=f"w{index}", lease_seconds=60)):
+            while (sandbox := claim(fleet=fleet, holder=f"w{index}", lease_seconds=60, count_hit=True)):
                 with lock:
                     claims.append(sandbox.pk)
         finally:
@@ -165,6 +170,8 @@ def test_concurrent_claimers_each_get_a_different_sandbox_and_none_is_leased_twi
     assert set(leased.values_list("state", flat=True)) == {S.LEASED}
     assert set(leased.values_list("fencing_token", flat=True)) == {1}
     assert SandboxEvent.objects.filter(fleet=fleet, to_state=S.LEASED).count() == 30
+    fleet.refresh_from_db()
+    assert fleet.claims_hit == 30
 
 
 @pytest.mark.django_db

@@ -1,0 +1,137 @@
+"""The trajectory explorer (search, filters, keyset pages, bulk curation) and the import (upload) page.
+
+Thin: a form or the search filters (experience.search, the same vocabulary as the API), a service or
+selector, a template. A page of the explorer is one query, whatever the table's size.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from experience.errors import TroveError
+from experience.importers import REGISTRY
+from experience.models import Trajectory
+from experience.search import DUPLICATE_CHOICES, OUTCOMES, filters_from_params, page_after, trajectory_search
+from experience.services.curation import ACTIONS, trajectories_curate
+from experience.services.importing import ImportReport, trajectories_import_upload
+from webapp.api.trajectories import CURATE_PERMISSION
+
+PAGE = 50
+FILTER_NAMES = ("q", "task", "task_set", "model", "harness", "source", "source_format", "status", "outcome",
+                "curation", "duplicate", "tags", "created_after", "created_before", "similar", "ids")
+
+
+def _given_filters(data) -> dict[str, str]:
+    return {name: data[name] for name in FILTER_NAMES if data.get(name)}
+
+
+@login_required
+def explorer(request: HttpRequest) -> HttpResponse:
+    params = _given_filters(request.GET)
+    context: dict = {"params": params, "statuses": Trajectory.Status.values, "outcomes": OUTCOMES,
+                     "curations": Trajectory.Curation.values, "duplicates": DUPLICATE_CHOICES, "actions": ACTIONS,
+                     "can_curate": request.user.has_perm(CURATE_PERMISSION), "rows": [], "error": ""}
+    try:
+        filters = filters_from_params(params)
+        page = page_after(trajectory_search(filters=filters), after=_cursor(request), limit=PAGE)
+    except TroveError as error:
+        context["error"] = error.message
+        return render(request, "dashboard/explorer.html", context, status=400)
+    context.update(rows=page.rows, filters=filters, first_url=_explorer_url(params),
+                   next_url=None if page.next_cursor is None else _explorer_url(params, after=page.next_cursor),
+                   is_first_page=request.GET.get("after") in (None, ""))
+    return render(request, "dashboard/explorer.html", context)
+
+
+def _cursor(request: HttpRequest) -> int | None:
+    value = request.GET.get("after")
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise TroveError(f"after: {value!r} is not a page cursor", field="after") from None
+
+
+def _explorer_url(params: dict[str, str], **extra: object) -> str:
+    query = urlencode({**params, **extra})
+    return reverse("dashboard:explorer") + (f"?{query}" if query else "")
+
+
+class CurateForm(forms.Form):
+    action = forms.ChoiceField(choices=[(a, a.replace("_", " ")) for a in ACTIONS])
+    ids = forms.CharField(required=False, widget=forms.HiddenInput)
+    selection = forms.ChoiceField(choices=[("checked", "checked runs"), ("matching", "every run matching the filters")],
+                                  initial="checked")
+    tags = forms.CharField(required=False, help_text="comma-separated")
+    note = forms.CharField(required=False)
+    reason = forms.CharField(required=False)
+    canonical = forms.IntegerField(required=False, min_value=1)
+
+
+@login_required
+@require_POST
+def explorer_curate(request: HttpRequest) -> HttpResponse:
+    """Bulk curation from the explorer: the checked runs, or every run matching the page's filters."""
+    params = _given_filters(request.POST)
+    back = _explorer_url(params)
+    if not request.user.has_perm(CURATE_PERMISSION):
+        messages.error(request, f"Curation needs the {CURATE_PERMISSION} permission.")
+        return redirect(back)
+    form = CurateForm({**request.POST.dict(), "ids": ",".join(request.POST.getlist("ids"))})
+    if not form.is_valid():
+        messages.error(request, "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
+        return redirect(back)
+    data = form.cleaned_data
+    try:
+        result = trajectories_curate(
+            trajectories=_selection(data, params), action=data["action"], actor=request.user,
+            reason=data["reason"], tags=[t for t in data["tags"].split(",") if t.strip()], note=data["note"],
+            canonical_id=data["canonical"])
+    except TroveError as error:
+        messages.error(request, error.message)
+        return redirect(back)
+    messages.success(request, f"{data['action'].replace('_', ' ')}: {result.changed} of {result.matched} runs changed.")
+    return redirect(back)
+
+
+def _selection(data: dict, params: dict[str, str]):
+    if data["selection"] == "matching":
+        return trajectory_search(filters=filters_from_params(params))
+    ids = [int(part) for part in data["ids"].replace(" ", ",").split(",") if part.strip().isdigit()]
+    if not ids:
+        raise TroveError("ids: no runs checked", field="ids")
+    return ids
+
+
+class ImportForm(forms.Form):
+    format = forms.ChoiceField(choices=[("", "detect")] + [(k, k) for k in sorted(REGISTRY)], required=False)
+
+
+@login_required
+def trajectory_import(request: HttpRequest) -> HttpResponse:
+    """Upload trajectory files; each is imported all or nothing and the report says what happened."""
+    form = ImportForm(request.POST or None)
+    report = None
+    status = 200
+    if request.method == "POST":
+        uploads = request.FILES.getlist("file")
+        if not uploads:
+            form.add_error(None, "Choose at least one file.")
+            status = 400
+        elif form.is_valid():
+            fmt = form.cleaned_data["format"] or None
+            report = ImportReport(files=[
+                trajectories_import_upload(filename=u.name or "upload", chunks=u.chunks(), format=fmt) for u in uploads
+            ])
+            status = 200 if report.imported or report.present else 400
+    return render(request, "dashboard/trajectory_import.html",
+                  {"form": form, "report": report, "explorer_url": reverse("dashboard:explorer")}, status=status)
