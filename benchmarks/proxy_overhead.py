@@ -2,10 +2,18 @@
 (recording on) and through LiteLLM's proxy, in one run.
 
 Every part is its own process: a mock OpenAI-compatible upstream (aiohttp, a fixed small answer, plain
-or streamed), Trove's proxy (its app served by `run_proxy`, recording into an `InProcessSink` whose
-writer counts — `--sink=db` is for the real database writer), LiteLLM's proxy (from its own venv,
+or streamed), Trove's proxy (its app served by `run_proxy`), LiteLLM's proxy (from its own venv,
 var/bench-venvs/litellm, started with a master key and the local cost map), and the load generator
-(aiohttp client, a new process per run). Each target gets a warm-up, then these phases; the loaded ones
+(aiohttp client, a new process per run). What Trove's proxy records into, `--sink`:
+
+- `count` (default): the proxy core alone — a fixed token table and an `InProcessSink` whose writer counts;
+- `db`: Trove as wired (`make_trove_proxy_app`): every call's token checked in the database, records
+  written by the real writer (`write_call_records`) from the sink's thread. Needs DATABASE_URL (a migrated
+  Postgres); the benchmark creates a job with one running rollout per connection (each with its
+  trajectory; a harness's calls are sequential) and deletes them afterwards (`--keep` keeps them);
+  `recorded_fraction` counts the model_call steps found in the database;
+- `stream`: the full stack's path — the same, but records go to the Redis stream (REDIS_URL) and an ingest
+  process (`ingest_stream`, what the `trove.proxy.ingest` task runs) stores them meanwhile. Each target gets a warm-up, then these phases; the loaded ones
 are split into `--rounds` rounds in which the targets take turns (so a noisy neighbour on a shared
 machine hits all of them alike; latencies are pooled, throughput is the median round):
 
@@ -23,7 +31,8 @@ The last line is one JSON object; `*_p50_ms`, `*_p99_ms` and `*_added_p50_ms` ar
 from the load phase, `*_loaded_*` and `*_stream_*` from the other phases. Targets: recorded_fraction 1.0,
 trove_added_p50_ms < 1, trove_rps >= 50 x litellm_rps and >= direct_rps / 5.
 
-    .venv/bin/python benchmarks/proxy_overhead.py [--requests 3000] [--sink count|db] [--skip-litellm]
+    .venv/bin/python benchmarks/proxy_overhead.py [--requests 3000] [--sink count|db|stream] [--skip-litellm]
+    DATABASE_URL=postgres://... SECRET_KEY=... .venv/bin/python benchmarks/proxy_overhead.py --sink db
 """
 
 from __future__ import annotations
@@ -147,47 +156,111 @@ def role_upstream(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, loop=_new_loop())
 
 
-def db_sink_writer() -> Any:
-    """The `write_batch` for `--sink=db`: the real database writer, into a scratch trajectory.
+def _django() -> None:
+    sys.path.insert(0, str(REPO))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+    import django
 
-    Not wired yet: it needs Django set up, a scratch rollout / trajectory to write into, and its id as
-    the benchmark target's trajectory id. Replace this body when wiring it.
-    """
-    raise SystemExit(
-        "--sink=db: not wired yet (benchmarks/proxy_overhead.py db_sink_writer needs a scratch trajectory "
-        "and the database writer); use --sink=count"
-    )
+    django.setup()
+
+
+def create_bench_rollouts(upstream_v1: str, count: int) -> dict[str, Any]:
+    """A job of `count` running rollouts (each with its trajectory) whose model is the mock upstream, made by
+    the real services, as a rollout runner leaves them while its harness calls the model."""
+    import uuid
+    from datetime import UTC, datetime
+
+    from experience.records import TrajectoryRecord
+    from experience.services.ingest import trajectory_open
+    from webapp.rollouts.models import Rollout
+    from webapp.rollouts.services import job_create, rollout_start
+    from workers.seed import seed_demo_task_set, seed_local_fleet
+
+    fleet = seed_local_fleet(name=f"bench-proxy-{uuid.uuid4().hex[:8]}", min_warm=0, max_warm=0, max_total=1)
+    task_set = seed_demo_task_set()
+    job = job_create(task_set=task_set, fleet=fleet, model_base_url=upstream_v1, model_name=MODEL,
+                     name="benchmarks/proxy_overhead.py", samples_per_task=count,
+                     task_keys=[task_set.tasks.order_by("key").first().key], enqueue=lambda rollout_id: None)
+    tokens = []
+    for rollout_id in job.rollouts.order_by("pk").values_list("pk", flat=True):
+        rollout = rollout_start(rollout_id=rollout_id, worker="benchmark")
+        assert rollout is not None
+        trajectory = trajectory_open(record=TrajectoryRecord(
+            source="rollout", source_format="trove-rollout", source_ref=f"bench:{rollout.pk}:{uuid.uuid4().hex}",
+            task_key=rollout.task.key, harness="benchmark", model=MODEL, status="running",
+            started_at=datetime.now(UTC)))
+        Rollout.objects.filter(pk=rollout.pk).update(trajectory=trajectory)
+        tokens.append(rollout.token)
+    return {"job_id": job.pk, "fleet_id": fleet.pk, "tokens": tokens}
+
+
+def count_bench_records(job_id: int) -> int:
+    from experience.models import Step
+
+    return Step.objects.filter(trajectory__rollout__job_id=job_id, kind="model_call").count()
+
+
+def delete_bench_rollouts(bench: dict[str, Any]) -> None:
+    from experience.models import Trajectory
+    from webapp.fleets.models import Fleet
+    from webapp.rollouts.models import RolloutJob
+
+    Trajectory.objects.filter(rollout__job_id=bench["job_id"]).delete()
+    RolloutJob.objects.filter(pk=bench["job_id"]).delete()
+    Fleet.objects.filter(pk=bench["fleet_id"]).delete()
 
 
 def role_trove(port: int, upstream_url: str, sink_kind: str) -> None:
     sys.path.insert(0, str(REPO))
     from aiohttp import web
 
+    from webapp.proxy.server import run_proxy
+
+    if sink_kind == "count":
+        app, sink, recorded_now = _counting_app(upstream_url)
+    else:
+        _django()
+        from webapp.proxy.wiring import database_sink, make_trove_proxy_app
+
+        app, sink = make_trove_proxy_app(sink=database_sink() if sink_kind == "db" else None)
+        recorded_now = lambda: -1  # noqa: E731 - counted in the database by the orchestrator
+
+    async def recorded(request: web.Request) -> web.Response:
+        await asyncio.get_running_loop().run_in_executor(None, sink.flush, 30.0)
+        return web.json_response({"recorded": recorded_now()})
+
+    app.router.add_get("/bench/recorded", recorded)
+    try:
+        run_proxy(app=app, host="127.0.0.1", port=port)
+    finally:
+        sink.close(30)
+
+
+def _counting_app(upstream_url: str) -> tuple[Any, Any, Any]:
     from webapp.proxy.app import Target, make_proxy_app
     from webapp.proxy.recorder import InProcessSink
-    from webapp.proxy.server import run_proxy
 
     counted = [0]
 
     def count(batch: list[Any]) -> None:
         counted[0] += len(batch)
 
-    sink = InProcessSink(db_sink_writer() if sink_kind == "db" else count)
+    sink = InProcessSink(count)
     target = Target("bench-rollout", "bench-trajectory", f"{upstream_url}/v1", "sk-upstream")
 
     async def resolve(token: str) -> Target | None:
         return target if token == TOKEN else None
 
-    async def recorded(request: web.Request) -> web.Response:
-        await asyncio.get_running_loop().run_in_executor(None, sink.flush, 30.0)
-        return web.json_response({"recorded": counted[0] if sink_kind != "db" else sink.written})
+    return make_proxy_app(resolve=resolve, sink=sink), sink, lambda: counted[0]
 
-    app = make_proxy_app(resolve=resolve, sink=sink)
-    app.router.add_get("/bench/recorded", recorded)
-    try:
-        run_proxy(app=app, host="127.0.0.1", port=port)
-    finally:
-        sink.close(30)
+
+def role_ingest() -> None:
+    """The full stack's ingest (what beat's `trove.proxy.ingest` runs), in a loop until terminated."""
+    _django()
+    from webapp.proxy.wiring import consumer_name, ingest_stream
+
+    while True:
+        ingest_stream(consumer=consumer_name("bench-ingest"), max_seconds=5.0)
 
 
 def role_loadgen(urls: list[str], *, requests: int, concurrency: int, stream: bool) -> None:

@@ -97,6 +97,7 @@ class Trajectory(models.Model):
             models.Index(fields=["task_key", "status"]),
             models.Index(fields=["source", "source_format"], name="trajectory_source_idx"),
             models.Index(fields=["harness"], name="trajectory_harness_idx"),
+            models.Index(fields=["source_format"], name="trajectory_format_idx"),
             # "was this file imported before?" is a lookup by the file's hash
             models.Index(fields=["original_blob"], name="trajectory_original_idx"),
             # the search indexer's queue: small, since runs leave it within seconds of arriving
@@ -189,6 +190,7 @@ class CurationEvent(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        indexes = [models.Index(fields=["action"], name="curationevent_action_idx")]  # the admin's list filter
 
 
 class DedupCluster(models.Model):

@@ -27,9 +27,17 @@ NAMED_FIELDS = ("command", "tool_calls", "model", "latency_ms", "ttft_ms")
 PAYLOAD_BLOB = "payload"  # blob_refs key of a payload Postgres could not hold inline
 
 
+# Encoders built once: json.dumps with options builds a new encoder per call, a cost on the hot path.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical_json(value: Any) -> bytes:
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return text.encode("utf-8", "surrogatepass")
+    return _CANONICAL.encode(value).encode("utf-8", "surrogatepass")
+
+
+def compact_json(value: Any) -> str:
+    return _COMPACT.encode(value)
 
 
 def encode_text(text: str) -> bytes:
@@ -44,6 +52,8 @@ def storable(text: str) -> bool:
     """Whether Postgres can keep `text` in a text or jsonb column: no NUL (or its JSON escape), valid UTF-8."""
     if "\x00" in text or "\\u0000" in text:
         return False
+    if text.isascii():
+        return True
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -137,7 +147,7 @@ def prepare_step(record: StepRecord, sink: BlobSink) -> PreparedStep:
         refs["request_messages"] = sink.put_messages(record.request_messages)
     if record.response_json is not None:
         refs["response_json"] = sink.put(canonical_json(record.response_json))
-    payload_json = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    payload_json = compact_json(payload)
     if not storable(payload_json):
         refs[PAYLOAD_BLOB] = sink.put(encode_text(payload_json))
         payload, payload_json = {}, "{}"

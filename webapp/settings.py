@@ -160,6 +160,8 @@ CELERY_BEAT_SCHEDULE = {
     "fleets-reconcile": {"task": "trove.fleets.reconcile_all", "schedule": 5.0},
     "rollouts-reap-stale": {"task": "trove.rollouts.reap_stale", "schedule": 15.0},
 }
+if REDIS_URL:  # the proxy's records reach the store through a Redis stream only on the full stack
+    CELERY_BEAT_SCHEDULE["proxy-ingest"] = {"task": "trove.proxy.ingest", "schedule": 1.0, "options": {"expires": 5}}
 
 # --- Trove ------------------------------------------------------------------------------------------
 TROVE_SANDBOX_BACKEND = env_choice("TROVE_SANDBOX_BACKEND", "local", ("local", "kubernetes"))
@@ -173,6 +175,11 @@ TROVE_PROXY_PUBLIC_URL = env_str("TROVE_PROXY_PUBLIC_URL") or f"http://{TROVE_PR
 # The proxy also listens on this Unix socket (empty: it does not). Local sandboxes of a "proxy-only" template
 # reach it through it and nothing else; keep it in a directory of its own (the directory is bound in).
 TROVE_PROXY_SOCKET = env_str("TROVE_PROXY_SOCKET", str(VAR_DIR / "proxy" / "proxy.sock")) or ""
+# Where the proxy spools records it could not hand on (Redis down, the database refusing), and keeps the dead
+# letter of records it can never store. Not under the socket's directory: that one is bound into sandboxes.
+TROVE_PROXY_SPOOL_DIR = Path(env_str("TROVE_PROXY_SPOOL_DIR") or VAR_DIR / "proxy-spool")
+# The Redis stream of proxy records; empty: named after the database (webapp/proxy/locations.py).
+TROVE_PROXY_STREAM = env_str("TROVE_PROXY_STREAM", "") or ""
 TROVE_DEMO_MODEL_PORT = env_int("TROVE_DEMO_MODEL_PORT", 8002)
 TROVE_DEMO_SERVE = env_str("DEMO_SERVE", "1")
 TROVE_ROLLOUT_HEARTBEAT_S = env_int("TROVE_ROLLOUT_HEARTBEAT_S", 10)

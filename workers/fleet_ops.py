@@ -57,7 +57,9 @@ def spec_for(sandbox: Sandbox) -> SandboxSpec:
 
 
 def _template_of(sandbox: Sandbox) -> EnvironmentTemplate:
-    return sandbox.template if sandbox.template_id else sandbox.fleet.template
+    """The row's own template version; rows made before versions were recorded use the fleet's."""
+    own = sandbox.template if sandbox.template_id else None
+    return own or sandbox.fleet.template
 
 
 # --- creating ----------------------------------------------------------------------------------------------

@@ -11,6 +11,11 @@ Attempts: every attempt has its own trajectory and its own proxy token (a new to
 call made by an earlier attempt's harness — still running in a sandbox not yet reaped — can only land in that
 attempt's trajectory, never in the new one.
 
+Steps: model calls are written by the proxy's writer; the runner's own (sandbox event, commands, notes, eval)
+are buffered and written in batches (STEP_FLUSH_S), and the runner waits for the proxy's records of its
+calls (draining the Redis stream itself on the full stack) only after the evaluation, just before it
+finishes the trajectory, so that wait mostly overlaps the evaluation.
+
 Timings (Rollout.timings): `total_ms` runs from the call of rollout_run to the rollout's final write,
 `model_ms` is time in model calls, `sandbox_ms` time in the sandbox (a cold create, workspace setup, harness
 commands, the release of the lease), `eval_ms` the evaluation command. The rest is Trove's own overhead.
@@ -33,6 +38,7 @@ from experience.records import StepRecord, TrajectoryRecord
 from experience.services.ingest import steps_append, trajectory_finish, trajectory_open
 from webapp.fleets.errors import StaleFencingToken
 from webapp.fleets.models import Fleet
+from webapp.proxy.wiring import ingest_pending_records
 from webapp.rollouts import services as rollout_services
 from webapp.rollouts.models import Rollout
 from workers import fleet_ops
@@ -48,11 +54,15 @@ WORKSPACE_BASELINE = (
     "git -c user.email=trove@localhost -c user.name=trove commit -q -m baseline"
 )
 PROXY_RECORD_WAIT_S = 15.0
+INGEST_SLICE_S = 0.1  # full stack: how long one wait for the proxy's records may block on the stream
 # An external harness does not say how many calls it made: its calls are taken as all recorded once the
 # count has not moved for this long (the proxy hands a record to its writer before the harness has its
 # answer's last byte, so this only covers the writer's batching delay).
 PROXY_RECORD_QUIET_S = 1.0
 EVAL_PROTECTED = ("tests/",)  # task files restored before the evaluation runs
+# The runner's own steps are written in batches: at most this long after the first unwritten one (checked as
+# steps come), and always before the trajectory is finished. A live page lags the run by about this much.
+STEP_FLUSH_S = 1.0
 HARNESS_OUTPUT_BYTES = 256 * 1024  # per stream, for an external harness's command step
 
 
@@ -158,6 +168,9 @@ class Attempt:
         assert rollout.trajectory_id is not None, "rollout_run opens the attempt's trajectory first"
         self.trajectory_id: int = rollout.trajectory_id
         self.lease: fleet_ops.Lease | None = None
+        self.model_calls = 0  # calls the harness made, as far as the runner knows (waited for before finishing)
+        self.pending: list[StepRecord] = []
+        self.pending_since = 0.0
 
     def run(self) -> str:
         try:
@@ -240,7 +253,7 @@ class Attempt:
             instruction=rollout.task.instruction, chat=chat, execute=execute, max_steps=job.max_steps,
             on_command=on_command, max_total_tokens=job.max_tokens,
         )
-        _wait_for_model_calls(self.trajectory_id, calls["n"])
+        self.model_calls = calls["n"]
         if outcome.reason in ("model_error", "sandbox_error"):
             # The model server or the sandbox failed, not the agent: this run must not become training data.
             raise InfraFailure(f"{outcome.reason}: {outcome.error}",
@@ -266,9 +279,9 @@ class Attempt:
             should_stop=self.heartbeat.lost.is_set,
         )
         calls = _settled_model_calls(self.trajectory_id)
+        self.model_calls = len(calls)
         self.account_external(outcome, calls)
         self.record(_harness_step(job.harness_command, outcome, _external_base_url(job.fleet), len(calls)))
-        self.flush()
         if outcome.cancelled:
             raise RolloutCancelled(f"rollout {rollout.pk} was taken away while its harness ran; harness killed")
         failure = _last_call_failure(calls)
@@ -305,6 +318,7 @@ class Attempt:
             payload={"reward": reward, "timed_out": result.timed_out, "timeout_s": task.eval_timeout_s},
         ))
         self.flush()
+        _wait_for_model_calls(self.trajectory_id, self.model_calls)
         trajectory_finish(trajectory_id=self.trajectory_id, status="completed", reward=reward, success=passed,
                           final_diff=diff.stdout if diff.exit_code == 0 else "")
         self.release()  # before the final write, so the lease's release is in the rollout's timings
@@ -337,14 +351,22 @@ class Attempt:
         return self.lease
 
     def record(self, step: StepRecord) -> None:
-        steps_append(trajectory_id=self.trajectory_id, steps=[step])
+        """Queue a step; the queue is written once its oldest step has waited STEP_FLUSH_S."""
+        if not self.pending:
+            self.pending_since = time.monotonic()
+        self.pending.append(step)
+        if time.monotonic() - self.pending_since >= STEP_FLUSH_S:
+            self.flush()
 
     def flush(self) -> None:
-        """Steps are written as they are recorded; kept as the one place a buffering writer would flush."""
+        if self.pending:
+            steps, self.pending = self.pending, []
+            steps_append(trajectory_id=self.trajectory_id, steps=steps)
 
     def finish_trajectory(self, status: str, *, note: str) -> None:
         self.record(StepRecord(kind="note", started_at=now(), text=note, is_error=True))
         self.flush()
+        _wait_for_model_calls(self.trajectory_id, self.model_calls)
         trajectory_finish(trajectory_id=self.trajectory_id, status=status)
 
     def release(self) -> None:
@@ -383,13 +405,20 @@ def _command_step(command: str, result: ExecResult, started_at: datetime, ended_
 
 
 def _wait_for_model_calls(trajectory_id: int, expected: int) -> None:
-    """The proxy records calls off the request path; give its writer a moment to catch up."""
+    """The proxy records calls off the request path; give its writer a moment to catch up (on the full
+    stack, store what waits in the proxy's stream meanwhile rather than wait for the ingest task)."""
     deadline = time.monotonic() + PROXY_RECORD_WAIT_S
-    while time.monotonic() < deadline:
-        if Step.objects.filter(trajectory_id=trajectory_id, kind="model_call").count() >= expected:
+    while expected and Step.objects.filter(trajectory_id=trajectory_id, kind="model_call").count() < expected:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            log.warning("trajectory %s: proxy recorded fewer than %s model calls in time", trajectory_id, expected)
             return
-        time.sleep(0.05)
-    log.warning("trajectory %s: proxy recorded fewer than %s model calls in time", trajectory_id, expected)
+        _catch_up(remaining)
+
+
+def _catch_up(remaining: float) -> None:
+    if not ingest_pending_records(min(INGEST_SLICE_S, remaining)):
+        time.sleep(min(0.02, max(remaining, 0)))
 
 
 # --- the external harness ------------------------------------------------------------------------------
@@ -433,7 +462,8 @@ def _settled_model_calls(trajectory_id: int) -> list[dict]:
             count, quiet_since = current, time.monotonic()
         elif time.monotonic() - quiet_since >= PROXY_RECORD_QUIET_S:
             break
-        time.sleep(0.1)
+        _catch_up(deadline - time.monotonic())
+        time.sleep(0.05)
     rows = Step.objects.filter(trajectory_id=trajectory_id, kind="model_call").order_by("started_at", "seq")
     return [dict(row) for row in rows.values("call_id", "is_error", "payload", "duration_ms")]
 

@@ -90,7 +90,7 @@ def trajectories_curate(
 def _selection(trajectories: QuerySet[Trajectory] | Iterable[int]) -> QuerySet[Trajectory]:
     if isinstance(trajectories, QuerySet):
         # A bare pk subquery: the caller's ordering, deferrals and annotations have no place in FOR UPDATE.
-        return Trajectory.objects.filter(pk__in=trajectories.order_by().values("pk"))
+        return Trajectory.objects.filter(pk__in=trajectories.order_by().values("pk"))  # type: ignore[misc]
     ids = sorted({int(i) for i in trajectories})
     return Trajectory.objects.filter(pk__in=ids)
 

@@ -477,7 +477,8 @@ def source_runs(spec: DatasetSpec) -> Iterator[SourceRun]:
 def source_run_batches(spec: DatasetSpec, *, progress: _Progress | None = None) -> Iterator[list[StoredRun]]:
     """`source_runs` a batch at a time: at most RUN_BATCH runs or about STEP_BATCH steps."""
     wanted_tags = spec.filters.get("tags") if connection.vendor != "postgresql" else None
-    return stored_run_batches(runs_matching(spec.filters), spec, progress=progress, tags=wanted_tags)
+    keep = (lambda row: _tags_match(row["tags"], wanted_tags)) if wanted_tags else None
+    return stored_run_batches(runs_matching(spec.filters), spec, progress=progress, keep=keep)
 
 
 def stored_run_batches(
@@ -485,10 +486,11 @@ def stored_run_batches(
     spec: DatasetSpec,
     *,
     progress: _Progress | None = None,
-    tags: list[str] | None = None,
+    keep: Callable[[dict[str, Any]], bool] | None = None,
 ) -> Iterator[list[StoredRun]]:
     """The trajectories as StoredRuns ordered by (task key, id), in batches; only the runs the spec
-    uses get their steps. `tags`: keep only runs carrying all of them (checked here, not in SQL)."""
+    uses get their steps. `keep`: a test on each trajectory row (TRAJECTORY_COLUMNS) made in Python,
+    before any step is read, for what SQL here does not say."""
     progress = progress or _Progress(None)
     columns = trajectories.order_by("task_key", "id").values_list(*TRAJECTORY_COLUMNS)
     # A server-side cursor: trajectory rows arrive RUN_BATCH at a time, never all at once.
@@ -496,8 +498,8 @@ def stored_run_batches(
         dict(zip(TRAJECTORY_COLUMNS, values, strict=True))
         for values in columns.iterator(chunk_size=RUN_BATCH)
     )
-    if tags:
-        rows = (row for row in rows if _tags_match(row["tags"], tags))
+    if keep is not None:
+        rows = filter(keep, rows)
     for batch in _batches(rows):
         runs = _batch_runs(batch, spec)
         progress.add(runs=len(batch), steps=sum(len(run.record.steps) for run in runs))

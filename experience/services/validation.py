@@ -11,6 +11,7 @@ e.g. "trajectories[3].steps[7].tokens_in: must be a non-negative integer".
 from __future__ import annotations
 
 import json
+import operator
 from datetime import datetime
 from typing import Any
 
@@ -35,6 +36,7 @@ class _Checker:
         self.limit = settings.TROVE_MAX_CONTENT_CHARS
         self.call_ids: set[str] = set()
         self.messages_seen: set[int] = set()
+        self.last_context: list[Any] = []  # a copy of the previous call's context (its messages were checked)
 
     def fail(self, field: str, problem: str, *, limit: bool = False) -> None:
         name = f"{self.where}{field}"
@@ -150,8 +152,13 @@ def _check_payload(c: _Checker, payload: Any, where: str) -> None:
 def _check_messages(c: _Checker, messages: Any, where: str) -> None:
     if not isinstance(messages, list):
         c.fail(where, "must be a list")
+    last = c.last_context
+    # A context that extends the previous call's (the same objects, then more) needs only its new tail checked.
+    start = len(last) if len(last) <= len(messages) and all(map(operator.is_, last, messages)) else 0
+    c.last_context = list(messages)
     seen = c.messages_seen
-    for index, message in enumerate(messages):
+    for index in range(start, len(messages)):
+        message = messages[index]
         if id(message) in seen:
             continue  # the same object, checked in an earlier call's context
         item = f"{where}[{index}]"
@@ -176,9 +183,12 @@ def _objects(c: _Checker, value: Any, where: str) -> None:
     _json(c, value, where)
 
 
+_STRICT = json.JSONEncoder(allow_nan=False, ensure_ascii=False)  # built once: this runs for every step
+
+
 def _json(c: _Checker, value: Any, where: str) -> str:
     try:
-        return json.dumps(value, allow_nan=False, ensure_ascii=False)
+        return _STRICT.encode(value)
     except (TypeError, ValueError) as error:
         c.fail(where, f"is not JSON ({error})")
         raise AssertionError("unreachable") from None

@@ -17,7 +17,6 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from django.db.models import QuerySet
 from django.utils import timezone
 
 from experience.distill import baseline
@@ -25,8 +24,8 @@ from experience.distill.errors import DistillError
 from experience.distill.spec import DatasetSpec
 from experience.distill.splits import split_for_task
 from experience.errors import ValidationError
-from experience.models import DatasetVersion, Step, Trajectory
-from experience.services.datasets import StoredRun, stored_run_batches, version_rows
+from experience.models import DatasetVersion, Step
+from experience.services.datasets import StoredRun, runs_matching, stored_run_batches, version_rows
 
 KINDS = ("value", "outcome")
 BEST_OF = (2, 4, 8)
@@ -104,17 +103,27 @@ def _val_auc(model: baseline.BaselineModel, version: DatasetVersion) -> dict[str
 def version_runs_by_task(
     version: DatasetVersion, spec: DatasetSpec, *, split: str | None
 ) -> Iterator[tuple[str, list[StoredRun]]]:
-    """The version's source runs (of one split, or all), one task at a time, streamed from the store."""
-    ids = [int(i) for i in version.manifest.get("source_trajectory_ids", [])]
-    trajectories: QuerySet[Trajectory] = Trajectory.objects.filter(pk__in=ids)
-    if split is not None:
-        keys = trajectories.values_list("task_key", flat=True).distinct()
-        trajectories = trajectories.filter(
-            task_key__in=[k for k in keys if split_for_task(k, spec)[1] == split]
-        )
+    """The version's source runs (of one split, or all), one task at a time, streamed from the store.
+
+    The version's own filters select a superset (the store may have grown since); its manifest's source
+    ids narrow that to exactly its runs, in Python, so no query carries thousands of ids.
+    """
+    ids = {int(i) for i in version.manifest.get("source_trajectory_ids", [])}
+    splits: dict[str, str] = {}
+
+    def keep(row: dict[str, Any]) -> bool:
+        if row["id"] not in ids:
+            return False
+        if split is None:
+            return True
+        if row["task_key"] not in splits:
+            splits[row["task_key"]] = split_for_task(row["task_key"], spec)[1]
+        return splits[row["task_key"]] == split
+
     # The version already chose these runs: read them all, whatever the curation marks say now.
     reading = DatasetSpec.from_dict(spec.to_dict() | {"include_duplicates": True, "include_rejected": True})
-    runs = (run for batch in stored_run_batches(trajectories, reading) for run in batch)
+    batches = stored_run_batches(runs_matching(spec.filters), reading, keep=keep)
+    runs = (run for batch in batches for run in batch)
     for task_key, task_runs in itertools.groupby(runs, key=lambda run: run.task_key):
         yield task_key, [run for run in task_runs if run.record.steps]
 

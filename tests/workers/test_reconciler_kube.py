@@ -20,7 +20,7 @@ from tests.webapp.fleets.fleet_factories import (  # noqa: F401 (kube_pool is a 
     wait_until,
 )
 from webapp.fleets import services
-from webapp.fleets.models import Fleet, Sandbox
+from webapp.fleets.models import Fleet, Sandbox, SandboxEvent
 from workers import fleet_ops
 from workers.reconciler import fleet_reconcile, fleet_watch
 
@@ -133,3 +133,43 @@ def test_a_template_with_a_network_mode_kubernetes_cannot_enforce_is_held(kube_p
     fleet.refresh_from_db()
     assert report["created"] == 0 and fleet.hold_kind == H.PERMANENT and "network policy" in fleet.hold_reason
     assert not Sandbox.objects.filter(fleet=fleet).exists()
+
+
+def _set_quota(core: k8s.CoreV1Api, namespace: str, *, hard: int, used: int) -> None:
+    """A ResourceQuota on pods. No quota controller runs here, so its usage is written by hand, as the
+    controller would; the API server's admission then enforces it for real."""
+    body = {"metadata": {"name": "sandboxes"}, "spec": {"hard": {"pods": str(hard)}}}
+    try:
+        core.create_namespaced_resource_quota(namespace, body)
+    except k8s.ApiException as exc:
+        if exc.status != 409:
+            raise
+        core.replace_namespaced_resource_quota("sandboxes", namespace, body)
+    status = {**body, "status": {"hard": {"pods": str(hard)}, "used": {"pods": str(used)}}}
+    core.replace_namespaced_resource_quota_status("sandboxes", namespace, status)
+
+
+def test_an_exceeded_quota_holds_with_a_back_off_and_a_probe_resumes_once_there_is_room(
+        kube_pool, core, kube_namespace):  # noqa: F811
+    fleet = make_kube_fleet(min_warm=2, max_warm=2, max_total=4)
+    _set_quota(core, kube_namespace, hard=1, used=1)
+
+    refused = fleet_reconcile(fleet=fleet)
+    held = fleet_reconcile(fleet=fleet)
+
+    fleet.refresh_from_db()
+    assert (refused["create_failed"], held["created"] + held["create_failed"]) == (2, 0)
+    assert (fleet.status, fleet.hold_kind) == (Fleet.Status.HOLDING, H.QUOTA) and "exceeded quota" in fleet.hold_reason
+    assert fleet.hold_until is not None and not pods(core, kube_namespace)
+    _set_quota(core, kube_namespace, hard=10, used=0)
+    Fleet.objects.filter(pk=fleet.pk).update(hold_until=fleet.held_at)  # as if the back-off had passed
+
+    probe = fleet_reconcile(fleet=fleet)
+    wait_until(lambda: fleet_reconcile(fleet=fleet)["adopted"], what="the probe adopted")  # and the rest made
+    fleet.refresh_from_db()
+
+    assert probe["created"] == 1 and fleet.status == Fleet.Status.ACTIVE
+    live = Sandbox.objects.filter(fleet=fleet).exclude(state=S.TERMINATED)
+    assert live.count() == 2 and set(pods(core, kube_namespace)) == set(live.values_list("name", flat=True))
+    assert list(SandboxEvent.objects.filter(fleet=fleet, sandbox=None).order_by("id").values_list("kind", flat=True)) == [
+        "hold", "unhold"]

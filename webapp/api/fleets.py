@@ -9,7 +9,7 @@ selectors defer it and no serializer names it.
 from __future__ import annotations
 
 from django.urls import path
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
@@ -113,6 +113,15 @@ class EventPageSerializer(serializers.Serializer):
     next_before = serializers.IntegerField(allow_null=True, help_text="pass as ?before= for the next (older) page")
 
 
+# Never "agent_secret".
+SANDBOX_FIELDS: tuple[str, ...] = (
+    "id", "name", "fleet", "fleet_name", "template", "spec_hash", "state", "endpoint", "failure_reason",
+    "backend_reason", "lease_holder", "lease_expires_at", "fencing_token", "cold_claim", "requested_at",
+    "scheduled_at", "ready_at", "leased_at", "first_exec_at", "released_at", "terminated_at", "last_used_at",
+    "cold_start_ms", "time_to_first_exec_ms",
+)
+
+
 class SandboxSerializer(serializers.ModelSerializer):
     fleet_name = serializers.CharField(source="fleet.name")
     template = TemplateBriefSerializer(allow_null=True)
@@ -121,11 +130,7 @@ class SandboxSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Sandbox
-        # Never "agent_secret".
-        fields = ("id", "name", "fleet", "fleet_name", "template", "spec_hash", "state", "endpoint",
-                  "failure_reason", "backend_reason", "lease_holder", "lease_expires_at", "fencing_token",
-                  "cold_claim", "requested_at", "scheduled_at", "ready_at", "leased_at", "first_exec_at",
-                  "released_at", "terminated_at", "last_used_at", "cold_start_ms", "time_to_first_exec_ms")
+        fields: tuple[str, ...] = SANDBOX_FIELDS
 
     def get_cold_start_ms(self, sandbox) -> float | None:
         return _between(sandbox.requested_at, sandbox.ready_at)
@@ -135,10 +140,14 @@ class SandboxSerializer(serializers.ModelSerializer):
 
 
 class SandboxDetailSerializer(SandboxSerializer):
-    events = EventSerializer(many=True, source="events_page", help_text="the latest 200, newest first")
+    events = serializers.SerializerMethodField(help_text="the latest 200, newest first")
 
     class Meta(SandboxSerializer.Meta):
-        fields = (*SandboxSerializer.Meta.fields, "events")
+        fields = (*SANDBOX_FIELDS, "events")
+
+    @extend_schema_field(EventSerializer(many=True))
+    def get_events(self, sandbox) -> list:
+        return list(EventSerializer(self.context["events"], many=True).data)
 
 
 class SandboxQuerySerializer(serializers.Serializer):
@@ -285,8 +294,8 @@ class SandboxDetailApi(APIView):
     @extend_schema(responses=SandboxDetailSerializer, operation_id="sandboxes_get")
     def get(self, request: Request, sandbox_id: int) -> Response:
         sandbox = selectors.sandbox_get(sandbox_id=sandbox_id)
-        sandbox.events_page = selectors.sandbox_events(sandbox=sandbox)
-        return Response(SandboxDetailSerializer(sandbox).data)
+        events = selectors.sandbox_events(sandbox=sandbox)
+        return Response(SandboxDetailSerializer(sandbox, context={"events": events}).data)
 
 
 urlpatterns = [

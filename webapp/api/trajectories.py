@@ -195,7 +195,7 @@ class TrajectoryDetailSerializer(TrajectorySerializer):
                   "content_hash", "original_blob", "steps", "steps_next")
 
     def get_steps(self, trajectory: Trajectory) -> list[dict[str, Any]]:
-        return StepSerializer(self.context["steps"], many=True).data
+        return list(StepSerializer(self.context["steps"], many=True).data)
 
     def get_steps_next(self, trajectory: Trajectory) -> str | None:
         return self.context["steps_next"]
@@ -208,7 +208,7 @@ class IngestInputSerializer(serializers.Serializer):
 class IngestOutcomeSerializer(serializers.Serializer):
     id = serializers.IntegerField(source="trajectory_id")
     created = serializers.BooleanField(help_text="false: the run (source, source_ref) was already stored")
-    source = serializers.CharField()
+    source = serializers.CharField()  # type: ignore[assignment]  # a field named like Field.source
     source_ref = serializers.CharField()
 
 
@@ -220,7 +220,8 @@ class StepsAppendSerializer(serializers.Serializer):
 class StepsQuerySerializer(serializers.Serializer):
     after = serializers.IntegerField(min_value=-1, default=-1, help_text="the last seq you have (-1: from the start)")
     limit = serializers.IntegerField(min_value=1, max_value=MAX_STEP_PAGE, default=STEP_PAGE)
-    context = serializers.BooleanField(default=False, help_text="include the messages each model call saw")
+    context = serializers.BooleanField(  # type: ignore[assignment]  # a field named like Serializer.context
+        default=False, help_text="include the messages each model call saw")
 
 
 class ImportInputSerializer(serializers.Serializer):
@@ -231,7 +232,8 @@ class ImportInputSerializer(serializers.Serializer):
         super().__init__(*args, **kwargs)
         from experience.importers import REGISTRY
 
-        self.fields["format"].choices = sorted(REGISTRY)
+        choices: Any = self.fields["format"]
+        choices.choices = sorted(REGISTRY)
 
 
 class CurateInputSerializer(serializers.Serializer):

@@ -17,7 +17,7 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from experience.distill.spec import DEFAULT_SPLITS, GROUP_BYS, KINDS, SFT_MODES, DatasetSpec
+from experience.distill.spec import DEFAULT_SPLITS, GROUP_BYS, KINDS, SFT_MODES, SPLITS, DatasetSpec
 from experience.distill.splits import split_for_task
 from experience.errors import NotFound, TroveError
 from experience.models import DatasetVersion, Trajectory
@@ -69,6 +69,15 @@ class DatasetForm(forms.Form):
     max_pairs_per_task = forms.IntegerField(initial=8, min_value=1)
     seed = forms.IntegerField(initial=0, min_value=0)  # fmt: skip
 
+    FILTERS = ("task_sets", "task_keys", "models", "harnesses", "sources", "tags", "outcome", "curation",
+               "created_after", "created_before")  # fmt: skip
+
+    def groups(self) -> list[tuple[str, list]]:
+        """The fields in the three fieldsets the page shows."""
+        filters = [self[name] for name in self.FILTERS]
+        options = [field for field in self if field.name not in (*self.FILTERS, "name", "kind")]
+        return [("Dataset", [self["name"], self["kind"]]), ("Filters", filters), ("Options", options)]
+
     def spec_parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(filters, options) for `dataset_create`, from the cleaned fields."""
         data = self.cleaned_data
@@ -112,7 +121,14 @@ def _with_latest(items: list) -> list:
     latest = {(v.dataset_id, v.version): v for v in versions.order_by()}
     for dataset in items:
         dataset.latest = latest.get((dataset.pk, dataset.latest_version))
+        dataset.filters_text = filters_text(dataset.filters)
     return items
+
+
+def filters_text(filters: dict) -> str:
+    """`task_sets: a, b; outcome: success`, or `all runs`."""
+    parts = [f"{key}: {', '.join(map(str, value)) if isinstance(value, list) else value}" for key, value in filters.items()]
+    return "; ".join(parts) or "all runs"
 
 
 @login_required
@@ -188,7 +204,9 @@ def _version_or_404(name: str, version: int) -> DatasetVersion:
 
 
 def _split_rows(manifest: dict) -> list[dict]:
-    return [{"name": name, **counts} for name, counts in (manifest.get("splits") or {}).items()]
+    # In split order: the JSON column keeps keys in its own order (jsonb sorts them by length).
+    splits = manifest.get("splits") or {}
+    return [{"name": name, **splits[name]} for name in SPLITS if name in splits]
 
 
 def _files(version: DatasetVersion) -> list[dict]:

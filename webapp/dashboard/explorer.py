@@ -67,11 +67,14 @@ def _explorer_url(params: dict[str, str], **extra: object) -> str:
 
 
 class CurateForm(forms.Form):
+    """The explorer's curation controls. Named apart from the filters (`checked`, `curate_tags`), which the
+    same form posts along so "every run matching" means the page's own selection."""
+
     action = forms.ChoiceField(choices=[(a, a.replace("_", " ")) for a in ACTIONS])
-    ids = forms.CharField(required=False, widget=forms.HiddenInput)
+    checked = forms.CharField(required=False)
     selection = forms.ChoiceField(choices=[("checked", "checked runs"), ("matching", "every run matching the filters")],
                                   initial="checked")
-    tags = forms.CharField(required=False, help_text="comma-separated")
+    curate_tags = forms.CharField(required=False, help_text="comma-separated")
     note = forms.CharField(required=False)
     reason = forms.CharField(required=False)
     canonical = forms.IntegerField(required=False, min_value=1)
@@ -86,15 +89,15 @@ def explorer_curate(request: HttpRequest) -> HttpResponse:
     if not request.user.has_perm(CURATE_PERMISSION):
         messages.error(request, f"Curation needs the {CURATE_PERMISSION} permission.")
         return redirect(back)
-    form = CurateForm({**request.POST.dict(), "ids": ",".join(request.POST.getlist("ids"))})
+    form = CurateForm({**request.POST.dict(), "checked": ",".join(request.POST.getlist("checked"))})
     if not form.is_valid():
-        messages.error(request, "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items()))
+        messages.error(request, "; ".join(f"{k}: {' '.join(str(e) for e in v)}" for k, v in form.errors.items()))
         return redirect(back)
     data = form.cleaned_data
     try:
         result = trajectories_curate(
             trajectories=_selection(data, params), action=data["action"], actor=request.user,
-            reason=data["reason"], tags=[t for t in data["tags"].split(",") if t.strip()], note=data["note"],
+            reason=data["reason"], tags=data["curate_tags"].split(","), note=data["note"],
             canonical_id=data["canonical"])
     except TroveError as error:
         messages.error(request, error.message)
@@ -106,9 +109,9 @@ def explorer_curate(request: HttpRequest) -> HttpResponse:
 def _selection(data: dict, params: dict[str, str]):
     if data["selection"] == "matching":
         return trajectory_search(filters=filters_from_params(params))
-    ids = [int(part) for part in data["ids"].replace(" ", ",").split(",") if part.strip().isdigit()]
+    ids = [int(part) for part in data["checked"].split(",") if part.strip().isdigit()]
     if not ids:
-        raise TroveError("ids: no runs checked", field="ids")
+        raise TroveError("No runs checked: check some, or choose every run matching the filters.", field="checked")
     return ids
 
 
@@ -119,7 +122,7 @@ class ImportForm(forms.Form):
 @login_required
 def trajectory_import(request: HttpRequest) -> HttpResponse:
     """Upload trajectory files; each is imported all or nothing and the report says what happened."""
-    form = ImportForm(request.POST or None)
+    form = ImportForm(request.POST if request.method == "POST" else None)
     report = None
     status = 200
     if request.method == "POST":

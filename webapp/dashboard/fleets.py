@@ -26,7 +26,9 @@ class TemplateChoiceForm(forms.Form):
     def __init__(self, *args, templates: list[EnvironmentTemplate], **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.templates = {t.pk: t for t in templates}
-        self.fields["template"].choices = [(t.pk, str(t)) for t in templates]
+        field = self.fields["template"]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = [(t.pk, str(t)) for t in templates]
 
     def clean_template(self) -> EnvironmentTemplate:
         return self.templates[self.cleaned_data["template"]]
@@ -140,4 +142,4 @@ def _apply(request, action, success: str) -> None:
 
 
 def _form_errors(form: forms.Form) -> str:
-    return "; ".join(f"{field}: {' '.join(errors)}" for field, errors in form.errors.items())
+    return "; ".join(f"{field}: {' '.join(str(e) for e in errors)}" for field, errors in form.errors.items())

@@ -8,6 +8,7 @@ never both move the same sandbox, and every transition that happens writes one S
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +28,7 @@ S = Sandbox.State
 H = Fleet.HoldKind
 
 # Which timestamp a state sets when entered.
-_PHASE_FIELD = {
+_PHASE_FIELD: dict[str, str] = {
     S.PROVISIONING: "scheduled_at",
     S.WARM: "ready_at",
     S.LEASED: "leased_at",
@@ -43,8 +44,11 @@ FLEET_FIELDS = (*SIZE_FIELDS, "backend", "sizing", "miss_policy", "miss_wait_ms"
 def event_record(*, kind: str, sandbox: Sandbox | None = None, fleet_id: int | None = None, sandbox_name: str = "",
                  reason: str = "", from_state: str = "", to_state: str = "", data: dict | None = None) -> SandboxEvent:
     """Append one event. A fleet-level event (a hold, an orphan with no row) passes `fleet_id` instead."""
+    owner = sandbox.fleet_id if sandbox else fleet_id
+    if owner is None:
+        raise ValueError("an event needs a sandbox or a fleet_id")
     return SandboxEvent.objects.create(
-        sandbox=sandbox, fleet_id=sandbox.fleet_id if sandbox else fleet_id,
+        sandbox=sandbox, fleet_id=owner,
         sandbox_name=sandbox.name if sandbox else sandbox_name, kind=kind, from_state=from_state,
         to_state=to_state, reason=reason[:4000], data=data or {},
     )
@@ -270,7 +274,10 @@ def sandbox_claim_warm(*, fleet: Fleet, holder: str, lease_seconds: int, started
     """Lease a warm sandbox, atomically, never waiting on a backend; with `count_hit`, count a warm hit on the
     fleet in the same step. None on a miss. The fleet is not re-read: the caller's instance names it.
 
-    SKIP LOCKED lets concurrent claimers take different rows instead of queueing behind one. On Postgres the
+    SKIP LOCKED lets concurrent claimers take different rows instead of queueing behind one. NO KEY UPDATE,
+    because a plain FOR UPDATE conflicts with the KEY SHARE lock every event INSERT takes on its sandbox
+    (the foreign key check): a claim would skip a warm sandbox whose "warm" event was still committing and
+    miss with it in plain sight. On Postgres the
     whole claim (pick, lease, event, counter) is one statement: one round trip and one commit, which is most
     of a warm claim's cost. Elsewhere (the embedded SQLite default) it is the same steps in a transaction.
     """
@@ -292,7 +299,7 @@ WITH picked AS (
     WHERE fleet_id = %(fleet)s AND state = 'warm'
     ORDER BY ready_at, id
     LIMIT 1
-    FOR UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ), leased AS (
     UPDATE fleets_sandbox AS s
     SET state = 'leased', lease_holder = %(holder)s, lease_expires_at = %(expires)s,
@@ -327,7 +334,7 @@ def _claim_warm_orm(fleet: Fleet, holder: str, lease_seconds: int, claim: str, c
                     count_hit: bool) -> Sandbox | None:
     with transaction.atomic():
         sandbox = (
-            Sandbox.objects.select_for_update(skip_locked=True)
+            Sandbox.objects.select_for_update(skip_locked=True, no_key=True)
             .filter(fleet_id=fleet.pk, state=S.WARM)
             .order_by("ready_at", "id")
             .first()
@@ -409,18 +416,44 @@ def sandbox_exec_recorded(*, sandbox: Sandbox, command: str, exit_code: int | No
                           reason: str = "", timed_out: bool = False, fencing_token: int | None = None,
                           error: str = "", started_at: datetime | None = None, first: bool = False) -> None:
     """Log an exec (or one the agent could not run: `error`) and touch the sandbox's last use; the first exec
-    of a lease (`first`) stamps `first_exec_at` with `started_at`, when the command was sent. One relaxed
-    commit (see relaxed_commit): the log is observational."""
+    of a lease (`first`) stamps `first_exec_at` with `started_at`, when the command was sent. The log is
+    observational, so it is written with a relaxed commit (see relaxed_commit): on Postgres, outside a
+    caller's transaction, as one statement that turns the commit's WAL flush off for itself."""
     now = timezone.now()
-    touch: dict[str, Any] = {"last_used_at": now}
-    if first:
-        touch["first_exec_at"] = Coalesce("first_exec_at", Value(started_at or now))
     data: dict[str, Any] = {"command": command[:500], "exit_code": exit_code, "duration_ms": round(duration_ms, 2),
                             "timed_out": timed_out}
     if fencing_token is not None:
         data["fencing_token"] = fencing_token
     if error:
         data["error"] = error[:1000]
+    kind = "exec_failed" if error else "exec"
+    if connection.vendor == "postgresql" and not connection.in_atomic_block:
+        with connection.cursor() as cursor:
+            cursor.execute(_EXEC_SQL, {"sandbox": sandbox.pk, "name": sandbox.name, "fleet": sandbox.fleet_id,
+                                       "now": now, "first": first, "sent": started_at or now, "kind": kind,
+                                       "reason": reason[:4000], "data": json.dumps(data)})
+        return
+    touch: dict[str, Any] = {"last_used_at": now}
+    if first:
+        touch["first_exec_at"] = Coalesce("first_exec_at", Value(started_at or now))
     with relaxed_commit():
         Sandbox.objects.filter(pk=sandbox.pk).update(**touch)
-        event_record(sandbox=sandbox, kind="exec_failed" if error else "exec", reason=reason, data=data)
+        event_record(sandbox=sandbox, kind=kind, reason=reason, data=data)
+
+
+# set_config(..., is_local => true) lasts for this statement's own (autocommit) transaction; the `relaxed`
+# row is joined into the INSERT so that it is evaluated.
+_EXEC_SQL = """
+WITH relaxed AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+), touched AS (
+    UPDATE fleets_sandbox
+    SET last_used_at = %(now)s,
+        first_exec_at = CASE WHEN %(first)s THEN COALESCE(first_exec_at, %(sent)s) ELSE first_exec_at END
+    WHERE id = %(sandbox)s
+)
+INSERT INTO fleets_sandboxevent
+    (sandbox_id, sandbox_name, fleet_id, kind, from_state, to_state, reason, data, created_at)
+SELECT %(sandbox)s, %(name)s, %(fleet)s, %(kind)s, '', '', %(reason)s, %(data)s::jsonb, %(now)s
+FROM relaxed
+"""

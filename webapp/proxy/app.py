@@ -120,11 +120,23 @@ class _Proxy:
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    async def _target(self, request: web.Request) -> Target | web.Response:
+        """The token's target, or the answer to give instead: 401 for an unknown or finished rollout,
+        503 when the resolver cannot tell (its database is down: a client retries a 503, not a 401)."""
+        try:
+            target = await self._resolve(request.match_info["token"])
+        except Exception as exc:
+            log.warning("could not resolve a rollout token: %r", exc)
+            return _error_response(
+                503, "token_check_unavailable", "the proxy cannot check the rollout token right now"
+            )
+        return _unknown_token() if target is None else target
+
     async def models(self, request: web.Request) -> web.StreamResponse:
         """The upstream's model list, passed through; not a model call, so not recorded."""
-        target = await self._resolve(request.match_info["token"])
-        if target is None:
-            return _unknown_token()
+        target = await self._target(request)
+        if isinstance(target, web.Response):
+            return target
         assert self._session is not None
         try:
             async with self._session.get(
@@ -138,9 +150,9 @@ class _Proxy:
             return _error_response(502, "upstream_connect", f"the upstream is unreachable: {exc}")
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        target = await self._resolve(request.match_info["token"])
-        if target is None:
-            return _unknown_token()
+        target = await self._target(request)
+        if isinstance(target, web.Response):
+            return target
         call_id = request.headers.get(CALL_ID_HEADER)
         if call_id is not None and not _CALL_ID_PATTERN.fullmatch(call_id):
             return _error_response(

@@ -149,8 +149,9 @@ class InProcessSink(_BatchingSink):
     """Hands batches to `write_batch` on a background thread.
 
     A failing batch is retried `retries` times with backoff; then, when `spool_dir` is set, spooled to disk
-    (re-sent by `drain_spool(directory=spool_dir, send_batch=write_batch)`), else logged and counted in
-    `failed`. flush() returns once every earlier record was written, spooled or given up on.
+    and re-sent with `write_batch` once the thread is idle and `drain_interval_s` has passed (segments left
+    by an earlier process in the directory too), else logged and counted in `failed`. flush() returns once
+    every earlier record was written, spooled or given up on.
     """
 
     def __init__(
@@ -162,15 +163,31 @@ class InProcessSink(_BatchingSink):
         retry_backoff_s: float = 0.2,
         spool_dir: str | os.PathLike[str] | None = None,
         linger_s: float = 0.02,
+        drain_interval_s: float = 5.0,
     ) -> None:
         self._write_batch = write_batch
         self._retries = retries
         self._retry_backoff_s = retry_backoff_s
+        self.spool_dir = spool_dir
         self._spool = Spool(spool_dir) if spool_dir is not None else None
+        self._spool_dirty = spool_dir is not None and bool(spooled_segments(spool_dir))
+        self._drain_interval_s = drain_interval_s
+        self._next_drain = 0.0
         self.written = 0
         self.spooled = 0
         self.failed = 0
         super().__init__(batch_size=batch_size, linger_s=linger_s, name="trove-proxy-sink")
+
+    def drain_spool(self) -> int:
+        """Re-send spooled records with `write_batch` now; returns how many were sent. Raises what the
+        writer raises (what is left stays spooled)."""
+        if self._spool is None or self.spool_dir is None:
+            return 0
+        self._spool.seal()
+        try:
+            return drain_spool(directory=self.spool_dir, send_batch=self._write_batch).sent
+        finally:
+            self._spool_dirty = bool(spooled_segments(self.spool_dir))
 
     def _write(self, records: list[CallRecord]) -> None:
         for attempt in range(self._retries + 1):
@@ -191,6 +208,21 @@ class InProcessSink(_BatchingSink):
             return
         self._spool.append(records)
         self.spooled += len(records)
+        self._spool_dirty = True
+
+    def _on_idle(self) -> None:
+        # Only when idle and throttled: the writer was failing a moment ago, and new records go first.
+        now = time.monotonic()
+        if not self._spool_dirty or now < self._next_drain:
+            return
+        self._next_drain = now + self._drain_interval_s
+        try:
+            sent = self.drain_spool()
+        except Exception as exc:
+            log.warning("call record writer still failing for the spool drain (%s)", exc)
+            return
+        if sent:
+            log.info("re-wrote %d spooled call record(s)", sent)
 
     def _on_stop(self) -> None:
         if self._spool is not None:
@@ -313,6 +345,7 @@ def consume_stream(
     stop: threading.Event | None = None,
     until_idle: bool = False,
     retry_backoff_s: float = 1.0,
+    max_seconds: float | None = None,
 ) -> int:
     """Read call records from the stream with a consumer group and hand them to `write_batch`.
 
@@ -321,13 +354,15 @@ def consume_stream(
     Entries pending for this consumer name (an earlier run of it) are taken first; entries pending longer
     than `claim_idle_ms` for any consumer (a dead one) are taken over with XAUTOCLAIM. When `write_batch`
     raises, nothing is acked and the batch is retried after `retry_backoff_s`. Entries that do not decode
-    go to `<stream>:dead` and are acked. Runs until `stop` is set or, with `until_idle`, until a read
-    finds nothing to do. Returns how many records were written.
+    go to `<stream>:dead` and are acked. Runs until `stop` is set, `max_seconds` have passed (checked
+    between batches) or, with `until_idle`, until a read finds nothing to do. Returns how many records
+    were written.
     """
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
     consumer_state = _Consumer(redis_client, write_batch, stream, group, consumer, batch_size)
     consumer_state.ensure_group()
     reader = _EntryReader(consumer_state, block_ms=block_ms, claim_idle_ms=claim_idle_ms)
-    while stop is None or not stop.is_set():
+    while (stop is None or not stop.is_set()) and (deadline is None or time.monotonic() < deadline):
         entries = reader.next_entries()
         if entries is None:
             if until_idle:
@@ -335,7 +370,8 @@ def consume_stream(
             continue
         if not consumer_state.handle(entries):
             reader.retry_own_pending()
-            time.sleep(retry_backoff_s)
+            pause = retry_backoff_s if deadline is None else min(retry_backoff_s, deadline - time.monotonic())
+            time.sleep(max(pause, 0.0))
     return consumer_state.written
 
 

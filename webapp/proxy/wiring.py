@@ -1,87 +1,157 @@
-"""Wires the proxy core (no Django in it) to Trove: token lookup in the database, writing call records.
+"""Wires the proxy core (no Django in it) to Trove: rollout tokens from the database, records into the store.
 
-`write_call_records` is the one writer of proxy records, used by the in-process sink (embedded default)
-and by the Redis-stream consumer (full stack). It is idempotent by call id (steps_append skips a call id
-it already stored), so a redelivered batch or a replayed spool adds nothing.
+The record path:
+- embedded default (no REDIS_URL): the proxy's `InProcessSink` hands batches to `write_call_records` on
+  a thread of the proxy's process. A batch the database keeps refusing is spooled and re-written later.
+- full stack (REDIS_URL): the proxy's `RedisStreamSink` XADDs each record to this Trove's stream; while
+  Redis is down it spools to local fsync'd files and re-sends them once Redis answers. The Celery task
+  `trove.proxy.ingest` (on beat every second) and `ingest_pending_records` (called by a rollout runner
+  waiting for its calls) consume the stream in batches into `write_call_records`.
+
+Every hop is at least once; the writer is idempotent by call id, so nothing is stored twice, and a record
+that can never be stored goes to a dead letter instead of blocking the rest (see writer.py).
 """
 
 from __future__ import annotations
 
-import time
-from collections import defaultdict
+import logging
+import os
+import socket
+import uuid
+from functools import cache
+from typing import Any
 
-from asgiref.sync import sync_to_async
-from django.db import close_old_connections, connection
+import redis
+from aiohttp import web
+from django.conf import settings
+from django.db import connection
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from experience.services.ingest import steps_append
+from webapp.proxy.app import make_proxy_app
+from webapp.proxy.locations import proxy_spool_dir, proxy_stream
+from webapp.proxy.recorder import InProcessSink, RecordSink, RedisStreamSink, consume_stream
 from webapp.proxy.records import CallRecord
-from webapp.rollouts.services import resolve_api_key, rollout_by_token
+from webapp.proxy.tokens import TokenResolver
+from webapp.proxy.writer import WriteOutcome, stream_dead_letter, write_call_records
 
-TOKEN_CACHE_S = 2.0
-_cache: dict[str, tuple[float, object]] = {}
+__all__ = ["ingest_pending_records", "ingest_stream", "make_trove_proxy_app", "write_call_records"]
+
+log = logging.getLogger("trove.proxy")
+
+INGEST_GROUP = "trove-ingest"
+# A consumer that has held nothing for this long belongs to an execution that ended without cleaning up
+# (a killed worker): its name is removed. A live consumer talks to Redis at least every block_ms.
+ABANDONED_CONSUMER_MS = 10 * 60 * 1000
+TOKEN_RESOLVER = web.AppKey("trove_token_resolver", TokenResolver)
 
 
-def write_call_records(records: list[CallRecord]) -> None:
-    close_old_connections()
-    by_trajectory: dict[int, list[CallRecord]] = defaultdict(list)
-    for record in records:
-        by_trajectory[int(record.trajectory_id)].append(record)
+def make_trove_proxy_app(*, sink: RecordSink | None = None, **app_options: Any):
+    """The proxy app wired to this Trove: tokens checked in the database, records into the store.
+
+    Returns (app, sink). Without `sink`: a `RedisStreamSink` on the full stack (REDIS_URL set), else an
+    `InProcessSink` writing straight to the database. `app_options` go to `make_proxy_app`
+    (upstream_timeout, connector_limit, ...). The caller closes the sink after the app has stopped.
+    """
+    resolver = TokenResolver()
+    sink = sink or default_sink()
+    app = make_proxy_app(resolve=resolver, sink=sink, **app_options)
+    app[TOKEN_RESOLVER] = resolver
+    app.on_cleanup.append(resolver.aclose)
+    return app, sink
+
+
+def default_sink() -> RecordSink:
+    if settings.REDIS_URL:
+        return RedisStreamSink(url=settings.REDIS_URL, spool_dir=proxy_spool_dir(), stream=proxy_stream())
+    return database_sink()
+
+
+def database_sink() -> InProcessSink:
+    """The embedded default's sink: batches written to the database from a thread of this process."""
+    return InProcessSink(_write_on_sink_thread, spool_dir=proxy_spool_dir())
+
+
+def _write_on_sink_thread(records: list[CallRecord]) -> None:
     try:
-        for trajectory_id, calls in by_trajectory.items():
-            calls.sort(key=lambda call: call.started_at)
-            steps_append(trajectory_id=trajectory_id, steps=[call.to_step_record() for call in calls])
+        write_call_records(records)
     finally:
-        # Writer and lookup threads hold no connection between batches: nothing pins the database.
+        # The sink's thread holds no connection between batches: an idle proxy pins nothing.
         connection.close()
 
 
-def _lookup(token: str):
-    from webapp.proxy.app import Target
+# --- the stream ingest (full stack) ---------------------------------------------------------------------
 
+
+def ingest_pending_records(timeout_s: float) -> int:
+    """Store the records waiting in the stream, for at most `timeout_s`: what a rollout runner calls while
+    it waits for its own calls to land, so it does not depend on beat's ingest having a free worker.
+    Returns how many records were handed to the writer. A no-op (0) in the embedded default, and when
+    Redis cannot be reached (the proxy spools meanwhile; the calls land once it is back).
+    """
+    if not settings.REDIS_URL or timeout_s <= 0:
+        return 0
+    block_ms = max(1, min(100, int(timeout_s * 1000)))  # a record in flight arrives within the sink's linger
     try:
-        rollout = rollout_by_token(token)
-    finally:
-        connection.close()
-    if rollout is None or rollout.trajectory_id is None:
-        return None
-    return Target(
-        rollout_id=str(rollout.pk),
-        trajectory_id=str(rollout.trajectory_id),
-        upstream_base_url=rollout.job.model_base_url,
-        upstream_api_key=resolve_api_key(rollout.job.api_key_ref),
-        model_override=None,
-    )
+        return ingest_stream(consumer=consumer_name("runner"), max_seconds=timeout_s, block_ms=block_ms)["records"]
+    except redis.RedisError as exc:
+        log.warning("proxy record ingest: Redis unavailable (%s)", exc)
+        return 0
 
 
-_lookup_async = sync_to_async(_lookup, thread_sensitive=False)
+def ingest_stream(*, consumer: str, max_seconds: float, block_ms: int = 1000) -> dict[str, int]:
+    """Consume this Trove's stream into the store until a read finds nothing (within `block_ms`) or
+    `max_seconds` have passed; then drop the consumer's name from the group if it holds nothing.
 
-
-async def resolve_token(token: str):
-    """The running rollout behind a token, cached briefly: a rollout makes many calls in a row.
-
-    A cached hit can outlive a rollout's end by TOKEN_CACHE_S; misses are not cached, so a new rollout's
-    token works at once.
+    Several may run at once (a consumer group shares the entries out). A batch that fails transiently stays
+    pending under `consumer` and is taken over by another consumer once idle for a minute. Returns counts:
+    `records` handed to the writer, `stored` steps created, `dead_lettered` records set aside.
     """
-    now = time.monotonic()
-    hit = _cache.get(token)
-    if hit and hit[0] > now:
-        return hit[1]
-    target = await _lookup_async(token)
-    if target is not None:
-        _cache[token] = (now + TOKEN_CACHE_S, target)
-    else:
-        _cache.pop(token, None)
-    return target
+    if not settings.REDIS_URL:
+        return {"records": 0, "stored": 0, "dead_lettered": 0}
+    client, stream = redis_client(settings.REDIS_URL), proxy_stream()
+    outcome = WriteOutcome()
+    dead_letter = stream_dead_letter(client, stream=stream)
+
+    def write(records: list[CallRecord]) -> None:
+        outcome.add(write_call_records(records, dead_letter=dead_letter))
+
+    records = consume_stream(client, write, group=INGEST_GROUP, consumer=consumer, stream=stream, until_idle=True,
+                             max_seconds=max_seconds, block_ms=block_ms, claim_idle_ms=60_000, retry_backoff_s=0.5)
+    _forget_consumer(client, stream, consumer)
+    return {"records": records, "stored": outcome.stored, "dead_lettered": outcome.dead_lettered}
 
 
-def make_trove_proxy_app(*, sink=None, **app_options):
-    """The proxy app wired to this Trove: tokens from the database, records into the store.
+def prune_abandoned_consumers() -> int:
+    """Remove consumer names that hold nothing and have been silent for ABANDONED_CONSUMER_MS (their
+    executions were killed before they could remove themselves). Returns how many were removed."""
+    client, stream = redis_client(settings.REDIS_URL), proxy_stream()
+    try:
+        consumers = client.xinfo_consumers(stream, INGEST_GROUP)
+    except redis.ResponseError:
+        return 0  # no stream or no group yet
+    removed = 0
+    for info in consumers:
+        if info["pending"] == 0 and info["idle"] >= ABANDONED_CONSUMER_MS:
+            client.xgroup_delconsumer(stream, INGEST_GROUP, info["name"])
+            removed += 1
+    return removed
 
-    Returns (app, sink). The default sink writes in batches from a background thread of this process.
-    `app_options` go to `make_proxy_app` (upstream_timeout, connector_limit, ...).
-    """
-    from webapp.proxy.app import make_proxy_app
-    from webapp.proxy.recorder import InProcessSink
 
-    sink = sink or InProcessSink(write_call_records)
-    return make_proxy_app(resolve=resolve_token, sink=sink, **app_options), sink
+def _forget_consumer(client: redis.Redis, stream: str, consumer: str) -> None:
+    # One consumer name per execution: without this the group's consumer list grows by one a second.
+    # Only when it holds nothing: deleting a consumer drops its pending entries, which would lose them.
+    if not client.xpending_range(stream, INGEST_GROUP, min="-", max="+", count=1, consumername=consumer):
+        client.xgroup_delconsumer(stream, INGEST_GROUP, consumer)
+
+
+def consumer_name(role: str) -> str:
+    """A consumer name for one execution: host, process and a nonce."""
+    return f"{role}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@cache
+def redis_client(url: str) -> redis.Redis:
+    # Fails fast while Redis is down (no backoff loop); the timeout outlasts the consumer's blocking read.
+    return redis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=10.0, retry=Retry(NoBackoff(), 1),
+                                health_check_interval=30)

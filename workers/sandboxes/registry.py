@@ -28,7 +28,7 @@ def _build(kind: str) -> SandboxBackend:
     if kind == "kubernetes":
         from workers.sandboxes.kubernetes import KubernetesBackend
 
-        return KubernetesBackend(namespace=settings.TROVE_KUBE_NAMESPACE, kubeconfig=settings.TROVE_KUBECONFIG)
+        return KubernetesBackend(namespace=settings.TROVE_KUBE_NAMESPACE or "trove-sandboxes", kubeconfig=settings.TROVE_KUBECONFIG)
     raise ValueError(f"unknown sandbox backend {kind!r}")
 
 

@@ -10,6 +10,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from experience.distill.spec import SPLITS
 from experience.errors import NotFound, TroveError
 from experience.models import DatasetVersion
 from experience.services import datasets
@@ -53,7 +54,8 @@ class Command(BaseCommand):
     def _report(self, version: DatasetVersion) -> None:
         manifest = version.manifest
         self.stdout.write(f"{version}: {version.row_count} rows, content hash {version.content_hash[:16]}")
-        for split, counts in manifest["splits"].items():
+        for split in SPLITS:
+            counts = manifest["splits"][split]
             rate = counts["positive_rate"]
             shown = "—" if rate is None else f"{rate:.2f}"
             self.stdout.write(

@@ -12,7 +12,14 @@ from experience.importers import read_all
 from experience.models import Trajectory
 from experience.services.exporting import export_filters, trajectories_export, trajectories_export_to
 from experience.services.importing import trajectories_import_file
-from tests.experience.importers.fixture_files import ATIF_SAMPLE, BROWSER, MINI_V2, MULTI_SWE, PYDICOM, RESOLVER
+from tests.experience.importers.fixture_files import (
+    ATIF_SAMPLE,
+    BROWSER,
+    MINI_V2,
+    MULTI_SWE,
+    PYDICOM,
+    RESOLVER,
+)
 from tests.experience.services.store_factories import run_record, stored
 
 pytestmark = pytest.mark.django_db

@@ -76,7 +76,7 @@ def test_a_bad_filter_shows_the_error(researcher):
 def test_a_curator_approves_the_checked_runs(curator):
     a, b, c = stored(RunFactory(), RunFactory(), RunFactory())
 
-    response = curator.post("/trajectories/curate/", {"ids": [a, c], "selection": "checked", "action": "approve",
+    response = curator.post("/trajectories/curate/", {"checked": [a, c], "selection": "checked", "action": "approve",
                                                       "reason": "verified by hand"}, follow=True)
 
     assert "approve: 2 of 2 runs changed." in response.content.decode()
@@ -90,7 +90,7 @@ def test_a_curator_tags_every_run_matching_the_filters_across_pages(curator):
     ids = stored(*[RunFactory(steps=[], model="m-9") for _ in range(70)], RunFactory(steps=[], model="other"))
 
     curator.post("/trajectories/curate/", {"model": "m-9", "selection": "matching", "action": "tag",
-                                           "tags": "batch-3, gold"})
+                                           "curate_tags": "batch-3, gold"})
 
     tag_lists = dict(Trajectory.objects.values_list("pk", "tags"))
     assert all(tag_lists[pk] == ["batch-3", "gold"] for pk in ids[:70]) and tag_lists[ids[70]] == []
@@ -100,7 +100,7 @@ def test_a_curator_tags_every_run_matching_the_filters_across_pages(curator):
 def test_someone_without_the_permission_cannot_curate(researcher):
     (pk,) = stored(RunFactory())
 
-    response = researcher.post("/trajectories/curate/", {"ids": [pk], "selection": "checked", "action": "reject"},
+    response = researcher.post("/trajectories/curate/", {"checked": [pk], "selection": "checked", "action": "reject"},
                                follow=True)
 
     assert "needs the experience.change_trajectory permission" in response.content.decode()

@@ -11,7 +11,13 @@ from django.db import connection
 from django.utils import timezone
 
 from experience.errors import Conflict, ValidationError
-from tests.webapp.fleets.fleet_factories import events_of, make_fleet, make_template, transitions_of, warm_rows
+from tests.webapp.fleets.fleet_factories import (
+    events_of,
+    make_fleet,
+    make_template,
+    transitions_of,
+    warm_rows,
+)
 from webapp.fleets import services
 from webapp.fleets.errors import StaleFencingToken
 from webapp.fleets.models import EnvironmentTemplate, Fleet, Sandbox, SandboxEvent

@@ -115,7 +115,7 @@ def test_sandboxes_are_listed_with_filters_and_never_show_the_agent_secret(api):
     claimed = services.sandbox_claim_warm(fleet=fleet, holder="rollout:42:w1", lease_seconds=60)
 
     by_fleet = api.get(f"/api/v1/sandboxes/?fleet={fleet.pk}")
-    leased = api.get(f"/api/v1/sandboxes/?state=leased&holder=rollout:42").json()["results"]
+    leased = api.get("/api/v1/sandboxes/?state=leased&holder=rollout:42").json()["results"]
     several = api.get(f"/api/v1/sandboxes/?fleet={fleet.pk}&state=warm,leased").json()["results"]
     bad = api.get("/api/v1/sandboxes/?state=asleep")
 

@@ -16,6 +16,10 @@ from tests.webapp.proxy.harness import (
     send,
     stream_events,
 )
+from webapp.proxy.app import make_proxy_app
+from webapp.proxy.recorder import InProcessSink
+from webapp.proxy.records import CallRecord
+from webapp.proxy.server import serve_in_thread
 
 MESSAGES = [
     {"role": "system", "content": "You are a careful engineer."},
@@ -280,3 +284,21 @@ def test_the_target_repr_hides_the_upstream_key():
     target = Target("r", "t", "http://upstream/v1", UPSTREAM_KEY)
 
     assert UPSTREAM_KEY not in repr(target)
+
+
+def test_a_token_that_cannot_be_checked_gets_503_not_401():
+    async def database_down(token: str):
+        raise ConnectionError("the database is restarting")
+
+    records: list[CallRecord] = []
+    sink = InProcessSink(records.extend)
+    server = serve_in_thread(make_proxy_app(resolve=database_down, sink=sink), shutdown_timeout=0.5)
+    try:
+        reply = send(f"{server.base_url}/r/any-token/v1/chat/completions",
+                     body={"model": "scripted-ok", "messages": MESSAGES})
+    finally:
+        server.stop()
+        sink.close(5)
+
+    assert reply.status == 503 and reply.json()["error"]["code"] == "token_check_unavailable"
+    assert records == []

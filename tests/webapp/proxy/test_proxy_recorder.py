@@ -232,3 +232,59 @@ def test_a_consumer_stops_when_told(redis_client, stream_name):
     thread.join(5)
 
     assert not thread.is_alive() and [r.call_id for r in written] == ["live"]
+
+
+def test_the_in_process_sink_rewrites_its_spool_once_the_writer_recovers(tmp_path):
+    database_up = threading.Event()
+    written: list[CallRecord] = []
+
+    def writer(batch):
+        if not database_up.is_set():
+            raise RuntimeError("database down")
+        written.extend(batch)
+
+    sink = InProcessSink(writer, retries=0, spool_dir=tmp_path, drain_interval_s=0.1)
+    sink.put(make_record("during-the-outage"))
+    assert sink.flush(5) and sink.spooled == 1 and written == []
+
+    database_up.set()
+    for _ in range(100):  # the sink re-writes its spool when it is idle
+        if written:
+            break
+        time.sleep(0.05)
+    sink.close(5)
+
+    assert [r.call_id for r in written] == ["during-the-outage"]
+    assert spooled_segments(tmp_path) == []
+
+
+def test_an_in_process_sink_rewrites_a_spool_an_earlier_process_left(tmp_path):
+    def broken(batch):
+        raise RuntimeError("database down")
+
+    first = InProcessSink(broken, retries=0, spool_dir=tmp_path)
+    first.put(make_record("left-behind"))
+    first.close(5)
+    written, write = _collector()
+
+    second = InProcessSink(write, spool_dir=tmp_path, drain_interval_s=0.1)
+    for _ in range(100):
+        if written:
+            break
+        time.sleep(0.05)
+    second.close(5)
+
+    assert [r.call_id for r in written] == ["left-behind"] and spooled_segments(tmp_path) == []
+
+
+def test_a_consumer_with_a_time_cap_returns_while_its_writer_keeps_failing(redis_client, stream_name):
+    redis_stream_sender(redis_client, stream=stream_name)([make_record("stuck")])
+
+    def broken(batch):
+        raise RuntimeError("database down")
+
+    count = consume_stream(redis_client, broken, stream=stream_name, group="writers", consumer="w1",
+                           block_ms=50, retry_backoff_s=0.05, max_seconds=0.5)
+    pending = redis_client.xpending(stream_name, "writers")
+
+    assert count == 0 and pending["pending"] == 1, "the entry waits for the next consumer, not lost"

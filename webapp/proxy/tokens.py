@@ -1,0 +1,139 @@
+"""Rollout tokens to proxy targets, exactly: a call is forwarded only if, after it arrived, its token was
+seen to belong to a running rollout.
+
+There is no cache of answers: a rollout that finished, was cancelled or reaped, or whose token a new
+attempt replaced, gets 401 on its very next call. What keeps that cheap is coalescing: the calls waiting
+for an answer share one indexed query (`token IN (...)`, status running) on a dedicated thread that keeps
+its database connection. A call joins the next query, never one already running (that query's snapshot
+may predate the call), so under load each call costs a fraction of a query and at most two round trips
+of waiting. Only the upstream API key is cached (per secret reference, briefly), as reading it may mean
+reading a file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from django.db import InterfaceError, OperationalError, connection
+
+from webapp.proxy.app import Target
+from webapp.rollouts.models import Rollout
+from webapp.rollouts.services import resolve_api_key
+
+log = logging.getLogger("trove.proxy")
+
+KEY_CACHE_S = 60.0
+QUERY_TIMEOUT_S = 10.0  # past this the calls waiting get 503 rather than hang with a stuck database
+_Answer = Target | None | Exception
+
+
+class TokenResolver:
+    """`await resolver(token)` -> the running rollout's Target, or None (unknown or finished: 401).
+
+    Raises when the database cannot answer (the proxy turns that into a 503). One instance per proxy
+    app (it lives in the app's event loop); `aclose` on the app's cleanup releases its connection.
+    """
+
+    def __init__(self, *, key_cache_s: float = KEY_CACHE_S, query_timeout_s: float = QUERY_TIMEOUT_S) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trove-proxy-tokens")
+        self._keys = _KeyCache(ttl_s=key_cache_s)
+        self._query_timeout_s = query_timeout_s
+        self._waiting: dict[str, list[asyncio.Future[_Answer]]] = {}
+        self._rounds: asyncio.Task[None] | None = None
+        self.queries = 0  # how many lookups were made (a round of coalesced calls is one)
+
+    async def __call__(self, token: str) -> Target | None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_Answer] = loop.create_future()
+        self._waiting.setdefault(token, []).append(future)
+        if self._rounds is None:
+            self._rounds = loop.create_task(self._run_rounds())
+        answer = await future
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def aclose(self, app: Any = None) -> None:
+        """Close the lookup thread's database connection and stop the thread (an aiohttp on_cleanup)."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, _close_connection)
+        self._executor.shutdown(wait=False)
+
+    async def _run_rounds(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, {}
+                answers = await self._answers(loop, list(batch))
+                for token, futures in batch.items():
+                    answer = answers.get(token)
+                    for future in futures:
+                        if not future.done():  # its caller may have gone (client disconnected)
+                            future.set_result(answer)
+        finally:
+            self._rounds = None
+
+    async def _answers(self, loop: asyncio.AbstractEventLoop, tokens: list[str]) -> dict[str, _Answer]:
+        self.queries += 1
+        try:
+            lookup = loop.run_in_executor(self._executor, self._targets, tokens)
+            return await asyncio.wait_for(lookup, self._query_timeout_s)
+        except Exception as exc:  # every waiting call learns the database could not answer
+            log.warning("rollout token lookup failed: %r", exc)
+            return {token: exc for token in tokens}
+
+    def _targets(self, tokens: list[str]) -> dict[str, _Answer]:
+        """On the lookup thread: the running rollouts among `tokens`, as targets."""
+        return {row[0]: self._target(*row) for row in _with_reconnect(_running_rollouts, tokens)}
+
+    def _target(self, token: str, rollout_id: int, trajectory_id: int, base_url: str, key_ref: str) -> _Answer:
+        try:
+            key = self._keys.get(key_ref)
+        except Exception as exc:  # one job's unreadable secret must not fail other jobs' calls
+            log.error("rollout %s: cannot read its model API key (%s): %r", rollout_id, key_ref, exc)
+            return exc
+        return Target(rollout_id=str(rollout_id), trajectory_id=str(trajectory_id),
+                      upstream_base_url=base_url, upstream_api_key=key, model_override=None)
+
+
+def _close_connection() -> None:
+    connection.close()  # `connection` is per thread: this must run on the thread that owns it
+
+
+def _running_rollouts(tokens: list[str]) -> list[tuple[str, int, int, str, str]]:
+    rows = Rollout.objects.filter(token__in=tokens, status=Rollout.Status.RUNNING, trajectory__isnull=False)
+    return list(rows.values_list("token", "pk", "trajectory_id", "job__model_base_url", "job__api_key_ref"))
+
+
+def _with_reconnect(query, *args):
+    # The lookup thread keeps its connection between queries. One the database dropped (a restart, an
+    # idle timeout) fails the first query after; reconnect once before giving up.
+    for attempt in (1, 2):
+        try:
+            return query(*args)
+        except (OperationalError, InterfaceError):
+            connection.close()
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _KeyCache:
+    """Secret reference -> key, kept `ttl_s` (a rotated key is picked up within that). Lookup thread only."""
+
+    def __init__(self, *, ttl_s: float) -> None:
+        self._ttl_s = ttl_s
+        self._keys: dict[str, tuple[float, str]] = {}
+
+    def get(self, reference: str) -> str:
+        now = time.monotonic()
+        hit = self._keys.get(reference)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        key = resolve_api_key(reference)
+        self._keys[reference] = (now + self._ttl_s, key)
+        return key
