@@ -190,9 +190,11 @@ def _release(fleet_ops, lease) -> None:
 
 def _release_queries(queries) -> int:
     """Queries of the release that follows the sample (from its RELEASED transition on) are not the path."""
-    for index, query in enumerate(queries.captured_queries):
+    captured = queries.captured_queries
+    for index, query in enumerate(captured):
         if "'released'" in query["sql"] and query["sql"].startswith("UPDATE"):
-            return len(queries.captured_queries) - index
+            start = index - 1 if index and captured[index - 1]["sql"] == "BEGIN" else index
+            return len(captured) - start
     return 0
 
 

@@ -178,9 +178,10 @@ def create_bench_rollouts(upstream_v1: str, count: int) -> dict[str, Any]:
 
     fleet = seed_local_fleet(name=f"bench-proxy-{uuid.uuid4().hex[:8]}", min_warm=0, max_warm=0, max_total=1)
     task_set = seed_demo_task_set()
+    task_key = task_set.tasks.order_by("key").values_list("key", flat=True)[0]
     job = job_create(task_set=task_set, fleet=fleet, model_base_url=upstream_v1, model_name=MODEL,
-                     name="benchmarks/proxy_overhead.py", samples_per_task=count,
-                     task_keys=[task_set.tasks.order_by("key").first().key], enqueue=lambda rollout_id: None)
+                     name="benchmarks/proxy_overhead.py", samples_per_task=count, task_keys=[task_key],
+                     enqueue=lambda rollout_id: None)
     tokens = []
     for rollout_id in job.rollouts.order_by("pk").values_list("pk", flat=True):
         rollout = rollout_start(rollout_id=rollout_id, worker="benchmark")
@@ -263,9 +264,10 @@ def role_ingest() -> None:
         ingest_stream(consumer=consumer_name("bench-ingest"), max_seconds=5.0)
 
 
-def role_loadgen(urls: list[str], *, requests: int, concurrency: int, stream: bool) -> None:
+def role_loadgen(urls: list[str], *, requests: int, concurrency: int, stream: bool, per_worker: bool = False) -> None:
     """One URL: `requests` requests over `concurrency` connections. Several URLs: one connection each,
-    one request at a time, taking turns (paired samples under the same conditions)."""
+    one request at a time, taking turns (paired samples under the same conditions). Several URLs with
+    `per_worker`: one target reached by a URL per connection (a rollout token each), pooled."""
     import aiohttp
 
     body = json.dumps({**REQUEST, "stream": True} if stream else REQUEST).encode()
@@ -286,25 +288,34 @@ def role_loadgen(urls: list[str], *, requests: int, concurrency: int, stream: bo
         else:
             failures[url][reason] = failures[url].get(reason, 0) + 1
 
-    async def worker(session: aiohttp.ClientSession, share: int) -> None:
+    async def worker(session: aiohttp.ClientSession, share: int, own: list[str]) -> None:
         for _ in range(share):
-            for url in urls:
+            for url in own:
                 await one(session, url)
 
     async def main() -> float:
-        connector = aiohttp.TCPConnector(limit=concurrency * len(urls))
+        connector = aiohttp.TCPConnector(limit=concurrency * (1 if per_worker else len(urls)))
         timeout = aiohttp.ClientTimeout(total=60)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             shares = [
                 requests // concurrency + (1 if i < requests % concurrency else 0) for i in range(concurrency)
             ]
             started = time.perf_counter()
-            await asyncio.gather(*(worker(session, share) for share in shares))
+            owns = [[urls[i % len(urls)]] if per_worker else urls for i in range(concurrency)]
+            await asyncio.gather(*(worker(session, share, own) for share, own in zip(shares, owns, strict=True)))
             return time.perf_counter() - started
 
     loop = _new_loop()
     elapsed = loop.run_until_complete(main())
     loop.close()
+    if per_worker:
+        pooled_failures: dict[str, int] = {}
+        for by_reason in failures.values():
+            for reason, count in by_reason.items():
+                pooled_failures[reason] = pooled_failures.get(reason, 0) + count
+        pooled = [ms for url in urls for ms in latencies[url]]
+        print(json.dumps(_summary(pooled, pooled_failures, requests, elapsed)))
+        return
     summaries = {url: _summary(latencies[url], failures[url], requests, elapsed) for url in urls}
     print(json.dumps(summaries[urls[0]] if len(urls) == 1 else {"per_url": summaries}))
 
@@ -370,10 +381,12 @@ def _wait_ready(
     raise RuntimeError(f"{url} did not become ready in {timeout}s:\n{log.read_text()[-3000:]}")
 
 
-def _load(url: str | list[str], *, requests: int, concurrency: int, stream: bool = False) -> dict[str, Any]:
+def _load(url: str | list[str], *, requests: int, concurrency: int, stream: bool = False,
+          per_worker: bool = False) -> dict[str, Any]:
     urls = [url] if isinstance(url, str) else url
     args = _self("--role", "loadgen", "--requests", str(requests), "--concurrency", str(concurrency))
     args += [arg for one in urls for arg in ("--url", one)] + (["--stream"] if stream else [])
+    args += ["--per-worker"] if per_worker else []
     done = subprocess.run(args, capture_output=True, timeout=1800, check=True, cwd=REPO)
     return json.loads(done.stdout.decode().strip().splitlines()[-1])
 
@@ -443,19 +456,22 @@ def _phase_load(phase: str, requests: int, rounds: int) -> dict[str, Any]:
     return {"requests": max(100, requests // 3 // rounds), "concurrency": CONCURRENCY, "stream": True}
 
 
-def _measure(urls: dict[str, str], requests: int, rounds: int) -> dict[str, dict[str, Any]]:
+def _measure(urls: dict[str, str | list[str]], requests: int, rounds: int) -> dict[str, dict[str, Any]]:
     """The unloaded phase sends to the targets in turn, one request each, so each target's samples are
     taken under the same conditions. The loaded phases run in `rounds` rounds, the targets taking
-    turns within a round; latencies are pooled over the rounds, throughput is the median round's."""
-    for url in urls.values():
-        _load(url, requests=WARMUP_REQUESTS, concurrency=CONCURRENCY)  # pools, caches, lazy imports
-    unloaded = _load(list(urls.values()), requests=max(100, requests // 6), concurrency=1)["per_url"]
-    results = {name: {"unloaded": _without_samples(unloaded[url])} for name, url in urls.items()}
+    turns within a round; latencies are pooled over the rounds, throughput is the median round's.
+    A target given as a list of URLs (one per rollout token) gets one per connection."""
+    for url in urls.values():  # pools, caches, lazy imports
+        _load(url, requests=WARMUP_REQUESTS, concurrency=CONCURRENCY, per_worker=isinstance(url, list))
+    firsts = {name: url[0] if isinstance(url, list) else url for name, url in urls.items()}
+    unloaded = _load(list(firsts.values()), requests=max(100, requests // 6), concurrency=1)["per_url"]
+    results = {name: {"unloaded": _without_samples(unloaded[url])} for name, url in firsts.items()}
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {name: {p: [] for p in LOADED_PHASES} for name in urls}
     for phase in LOADED_PHASES:
         for _ in range(rounds):
             for name, url in urls.items():
-                runs[name][phase].append(_load(url, **_phase_load(phase, requests, rounds)))
+                runs[name][phase].append(
+                    _load(url, **_phase_load(phase, requests, rounds), per_worker=isinstance(url, list)))
     for name in urls:
         results[name].update({phase: _pooled(runs[name][phase]) for phase in LOADED_PHASES})
     return results
@@ -482,15 +498,19 @@ def _sent(results: dict[str, dict[str, Any]]) -> int:
     return WARMUP_REQUESTS + sum(phase["sent"] for phase in results.values())
 
 
-def _recorded(trove_url: str, expected: int) -> int:
-    # Records are put after each answer is sent: wait a little for the last ones to be queued.
-    deadline = time.monotonic() + 10
+def _recorded(trove_url: str, expected: int, bench: dict[str, Any] | None) -> int:
+    """Calls recorded: counted by the proxy's writer (--sink count), or model_call steps in the database."""
+    # Records are put after each answer is sent: wait a little for the last ones to be queued (and, through
+    # the stream, for the ingest to store them).
+    deadline = time.monotonic() + (10 if bench is None else 120)
     while True:
-        with urllib.request.urlopen(f"{trove_url}/bench/recorded", timeout=60) as reply:
+        with urllib.request.urlopen(f"{trove_url}/bench/recorded", timeout=60) as reply:  # flushes the sink
             recorded = int(json.loads(reply.read())["recorded"])
+        if bench is not None:
+            recorded = count_bench_records(bench["job_id"])
         if recorded >= expected or time.monotonic() > deadline:
             return recorded
-        time.sleep(0.2)
+        time.sleep(0.5)
 
 
 def _keys(
@@ -535,35 +555,35 @@ def _keys(
     return keys
 
 
-def orchestrate(requests: int, sink_kind: str, skip_litellm: bool, rounds: int) -> dict[str, Any]:
-    if sink_kind == "db":
-        db_sink_writer()  # fails fast, before anything starts, while it is not wired
+def _check_environment(sink_kind: str) -> None:
+    if sink_kind == "count":
+        return
+    if not (os.environ.get("DATABASE_URL") or "").startswith(("postgres://", "postgresql://")):
+        raise SystemExit(f"--sink {sink_kind}: set DATABASE_URL to a migrated Postgres (and SECRET_KEY)")
+    if sink_kind == "stream" and not os.environ.get("REDIS_URL"):
+        raise SystemExit("--sink stream: set REDIS_URL (the proxy records through the Redis stream)")
+    _django()
+
+
+def orchestrate(requests: int, sink_kind: str, skip_litellm: bool, rounds: int, keep: bool = False) -> dict[str, Any]:
+    _check_environment(sink_kind)
     workdir = Path(tempfile.mkdtemp(prefix="trove-bench-proxy-"))
     processes: list[subprocess.Popen[bytes]] = []
+    bench: dict[str, Any] | None = None
     try:
         upstream_port, trove_port = _free_port(), _free_port()
         upstream_url, trove_url = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{trove_port}"
         upstream_log, trove_log = workdir / "upstream.log", workdir / "trove.log"
         processes.append(_spawn(_self("--role", "upstream", "--port", str(upstream_port)), log=upstream_log))
+        if sink_kind != "count":  # a running rollout per connection, as a job's harnesses would be
+            bench = create_bench_rollouts(f"{upstream_url}/v1", CONCURRENCY)
         env = dict(
             os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
         )
-        processes.append(
-            _spawn(
-                _self(
-                    "--role",
-                    "trove",
-                    "--port",
-                    str(trove_port),
-                    "--upstream",
-                    upstream_url,
-                    "--sink",
-                    sink_kind,
-                ),
-                env=env,
-                log=trove_log,
-            )
-        )
+        trove_args = ["--role", "trove", "--port", str(trove_port), "--upstream", upstream_url, "--sink", sink_kind]
+        processes.append(_spawn(_self(*trove_args), env=env, log=trove_log))
+        if sink_kind == "stream":
+            processes.append(_spawn(_self("--role", "ingest"), env=env, log=workdir / "ingest.log"))
         _wait_ready(f"{upstream_url}/v1/models", processes[0], upstream_log, timeout=30)
         _wait_ready(f"{trove_url}/healthz", processes[1], trove_log, timeout=60)
         litellm_url: str | None = None
@@ -572,19 +592,21 @@ def orchestrate(requests: int, sink_kind: str, skip_litellm: bool, rounds: int) 
             litellm, litellm_url, litellm_missing = _start_litellm(workdir, upstream_url)
             if litellm is not None:
                 processes.append(litellm)
-        urls = {
+        tokens = [TOKEN] if bench is None else bench["tokens"]
+        trove_urls = [f"{trove_url}/r/{token}/v1/chat/completions" for token in tokens]
+        urls: dict[str, str | list[str]] = {
             "direct": f"{upstream_url}/v1/chat/completions",
-            "trove": f"{trove_url}/r/{TOKEN}/v1/chat/completions",
+            "trove": trove_urls[0] if bench is None else trove_urls,
         }
         if litellm_url:
             urls["litellm"] = f"{litellm_url}/v1/chat/completions"
         results: dict[str, Any] = _measure(urls, requests, rounds)
         expected = _sent(results["trove"])
-        recorded_fraction = round(_recorded(trove_url, expected) / expected, 4)
+        recorded_fraction = round(_recorded(trove_url, expected, bench) / expected, 4)
         for name, phases in results.items():
             for phase, figures in phases.items():
                 print(f"{name:8s} {phase:9s} {json.dumps(figures)}")
-        return _keys(results, recorded_fraction, litellm_missing)
+        return {**_keys(results, recorded_fraction, litellm_missing), "sink": sink_kind}
     finally:
         for process in reversed(processes):
             process.terminate()
@@ -594,6 +616,8 @@ def orchestrate(requests: int, sink_kind: str, skip_litellm: bool, rounds: int) 
             except subprocess.TimeoutExpired:
                 process.kill()
         shutil.rmtree(workdir, ignore_errors=True)
+        if bench is not None and not keep:
+            delete_bench_rollouts(bench)
 
 
 def main() -> None:
@@ -601,7 +625,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--role", choices=["orchestrate", "upstream", "trove", "loadgen"], default="orchestrate"
+        "--role", choices=["orchestrate", "upstream", "trove", "loadgen", "ingest"], default="orchestrate"
     )
     parser.add_argument("--port", type=int)
     parser.add_argument("--upstream")
@@ -609,7 +633,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
     parser.add_argument("--stream", action="store_true")
-    parser.add_argument("--sink", choices=["count", "db"], default="count")
+    parser.add_argument("--per-worker", action="store_true")
+    parser.add_argument("--sink", choices=["count", "db", "stream"], default="count")
+    parser.add_argument("--keep", action="store_true", help="--sink db|stream: keep the benchmark's rollouts")
     parser.add_argument("--skip-litellm", action="store_true")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per phase")
     args = parser.parse_args()
@@ -618,9 +644,12 @@ def main() -> None:
     elif args.role == "trove":
         role_trove(args.port, args.upstream, args.sink)
     elif args.role == "loadgen":
-        role_loadgen(args.url, requests=args.requests, concurrency=args.concurrency, stream=args.stream)
+        role_loadgen(args.url, requests=args.requests, concurrency=args.concurrency, stream=args.stream,
+                     per_worker=args.per_worker)
+    elif args.role == "ingest":
+        role_ingest()
     else:
-        print(json.dumps(orchestrate(args.requests, args.sink, args.skip_litellm, args.rounds)))
+        print(json.dumps(orchestrate(args.requests, args.sink, args.skip_litellm, args.rounds, args.keep)))
 
 
 if __name__ == "__main__":

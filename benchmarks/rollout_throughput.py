@@ -34,7 +34,8 @@ job, with the same proxy and model.
 
 The last line printed is one JSON object: rollouts, seconds, rollouts_per_s, slots,
 scheduling_overhead_ms_per_rollout, runner_overhead_ms, dispatch_idle_ms, model_ms, sandbox_ms, eval_ms,
-total_ms (means per rollout), statuses, success_rate, queries_per_rollout, load_avg.
+total_ms (means per rollout), statuses, success_rate, queries_per_rollout, query_ms_per_rollout,
+load_avg.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--query-sample", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--keep-db", action="store_true", help="keep the scratch database to look at afterwards")
     args = parser.parse_args()
     import django
 
@@ -82,7 +84,8 @@ def main() -> None:
         figures = run(args, root)
     finally:
         connection.close()
-        connection.creation.destroy_test_db(name, verbosity=0)
+        if not args.keep_db:
+            connection.creation.destroy_test_db(name, verbosity=0)
         shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(figures))
 
@@ -112,7 +115,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
         for worker in workers:
             stop_worker(worker)
     try:
-        figures["queries_per_rollout"] = count_queries(job, model_url, args.query_sample)
+        figures.update(count_queries(job, model_url, args.query_sample))
     finally:
         terminate_sandboxes()
         sink.close()
@@ -214,8 +217,9 @@ def dispatch_idle_ms(created_at, rollouts: list, slots: int) -> float:
     return idle
 
 
-def count_queries(job, model_url: str, n: int) -> float:
-    """Run `n` more rollouts of the job's first task in this process, counting the runner thread's queries."""
+def count_queries(job, model_url: str, n: int) -> dict:
+    """Run `n` more rollouts of the job's first task in this process, counting the runner thread's queries
+    and the time they took (queries_per_rollout, query_ms_per_rollout)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -225,12 +229,14 @@ def count_queries(job, model_url: str, n: int) -> float:
     extra = job_create(task_set=job.task_set, fleet=job.fleet, model_base_url=model_url, model_name=job.model_name,
                        samples_per_task=n, task_keys=[job.rollouts.first().task.key], max_steps=20,
                        enqueue=lambda rollout_id: None)
-    counts = []
+    counts, seconds = [], []
     for rollout in extra.rollouts.all():
         with CaptureQueriesContext(connection) as captured:
             rollout_run(rollout_id=rollout.pk, worker="bench")
         counts.append(len(captured.captured_queries))
-    return round(statistics.fmean(counts), 1)
+        seconds.append(sum(float(query["time"]) for query in captured.captured_queries))
+    return {"queries_per_rollout": round(statistics.fmean(counts), 1),
+            "query_ms_per_rollout": round(statistics.fmean(seconds) * 1000, 1)}
 
 
 def terminate_sandboxes() -> None:

@@ -106,6 +106,7 @@ class TrajectoryAdmin(admin.ModelAdmin):
     raw_id_fields = ("canonical", "cluster")
     inlines = [CurationEventInline]
     show_full_result_count = False  # counting a large table on every page is the slow part
+    show_facets = admin.ShowFacets.NEVER  # facet counts are one more count per filter option
     paginator = EstimatedCountPaginator
     list_per_page = 100
     actions = [_curate(action) for action in ACTION_FIELDS]

@@ -88,6 +88,7 @@ class Trajectory(models.Model):
 
     class Meta:
         ordering = ["-id"]
+        verbose_name_plural = "trajectories"
         constraints = [
             models.UniqueConstraint(fields=["source", "source_ref"], name="trajectory_unique_source_ref"),
         ]

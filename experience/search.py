@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, time
 from typing import Any
 
@@ -32,7 +32,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 
 from experience.errors import ValidationError
 from experience.models import Step, Trajectory
-from experience.services.search_index import STEP_SEARCH_DOCUMENT
+from experience.services.search_index import SEPARATORS, STEP_SEARCH_DOCUMENT
 
 OUTCOMES = ("success", "failure", "unknown")
 DUPLICATE_CHOICES = ("any", "exclude", "only")
@@ -141,14 +141,16 @@ WHERE s.trajectory_id IN (SELECT id FROM experience_trajectory WHERE NOT search_
 """
 
 
+_SPLIT = str.maketrans(SEPARATORS, " " * len(SEPARATORS))
 _FLAG = re.compile(r'(^|[\s"])-+(?=\S)')
 _TOKEN = re.compile(r'"([^"]*)"|(\S+)')
 
 
 def search_query(q: str) -> str:
-    """`q` as a websearch query, except that a leading '-' stays part of its word: people paste commands
-    (`grep -rn x`), whose flags must not turn into negations."""
-    return _FLAG.sub(r"\1", q)
+    """`q` as a websearch query over step documents: separators split as in the documents (SEPARATORS), and
+    a leading '-' stays part of its word, since people paste commands (`grep -rn x`) whose flags must not
+    turn into negations."""
+    return _FLAG.sub(r"\1", q.translate(_SPLIT))
 
 
 def _step_matches(q: str) -> Any:
@@ -181,6 +183,16 @@ def similar_ids(*, trajectory_id: int, limit: int = SIMILAR_LIMIT) -> list[int]:
     if finder is None:
         raise ValidationError("similar: similar-run search is not available yet", field="similar")
     return [_id_of(item) for item in finder(trajectory_id=trajectory_id, limit=limit)]
+
+
+def trajectory_similar(*, filters: TrajectoryFilters) -> list[Trajectory]:
+    """The runs similar to `filters.similar` that also match the other filters, most similar first: one
+    page (the dedup service's top matches), two queries plus the service's own work."""
+    if filters.similar is None:
+        raise ValidationError("similar: required", field="similar")
+    ranked = similar_ids(trajectory_id=filters.similar)
+    rows = {t.pk: t for t in trajectory_search(filters=replace(filters, similar=None)).filter(id__in=ranked)}
+    return [rows[pk] for pk in ranked if pk in rows]
 
 
 def _id_of(item: Any) -> int:

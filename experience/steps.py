@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import operator
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,8 +50,8 @@ def decode_text(data: bytes) -> str:
 
 
 def storable(text: str) -> bool:
-    """Whether Postgres can keep `text` in a text or jsonb column: no NUL (or its JSON escape), valid UTF-8."""
-    if "\x00" in text or "\\u0000" in text:
+    """Whether Postgres can keep `text` in a text column: no NUL character, valid UTF-8 (no lone surrogate)."""
+    if "\x00" in text:
         return False
     if text.isascii():
         return True
@@ -59,6 +60,18 @@ def storable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+# A JSON escape of NUL (\u0000 after an even number of backslashes): jsonb refuses it. A text holding a
+# literal backslash-u0000 is escaped as \\u0000 and is fine.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def storable_json(text: str) -> bool:
+    """Whether Postgres can keep JSON `text` (as json.dumps wrote it) in a jsonb column."""
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
+        return False
+    return storable(text)
 
 
 def printable(text: str) -> str:
@@ -148,7 +161,7 @@ def prepare_step(record: StepRecord, sink: BlobSink) -> PreparedStep:
     if record.response_json is not None:
         refs["response_json"] = sink.put(canonical_json(record.response_json))
     payload_json = compact_json(payload)
-    if not storable(payload_json):
+    if not storable_json(payload_json):
         refs[PAYLOAD_BLOB] = sink.put(encode_text(payload_json))
         payload, payload_json = {}, "{}"
     return PreparedStep(record, payload, payload_json, refs, preview_of(record))

@@ -175,8 +175,9 @@ class Lease:
 def sandbox_claim(*, fleet: Fleet, holder: str, lease_seconds: int = DEFAULT_LEASE_S,
                   wait_s: float | None = None) -> Lease:
     """A warm sandbox if one is there; otherwise (a miss, counted) by fleet policy wait up to `wait_s`
-    (default: the fleet's miss_wait_ms) for a refill, then create one cold. Raises SandboxError: transient
-    `fleet_full` / `fleet_draining` when a cold create is not allowed, or the create's own error."""
+    (default: the fleet's miss_wait_ms) for a refill, then create one cold. Raises SandboxError when no cold
+    create is allowed (`fleet_full`, `fleet_draining`: transient; `fleet_holding`: as permanent as the
+    hold), or the create's own error."""
     started = time.perf_counter()
     sandbox = fleet_services.sandbox_claim_warm(fleet=fleet, holder=holder, lease_seconds=lease_seconds,
                                                 started=started, count_hit=True)
@@ -197,7 +198,16 @@ def _claim_after_miss(fleet: Fleet, holder: str, lease_seconds: int, wait_s: flo
         sandbox = _wait_for_warm(current, holder, lease_seconds, wait, started)
         if sandbox is not None:
             return sandbox
+    _check_not_held(current)
     return _claim_cold(current, holder, lease_seconds, started)
+
+
+def _check_not_held(fleet: Fleet) -> None:
+    """A held fleet creates nothing cold either: the create would fail (or queue) the way the reconciler's
+    did. Permanent when the hold is (a bad image fails every time), else transient: retry later."""
+    if fleet.status == Fleet.Status.HOLDING and fleet.hold_kind != Fleet.HoldKind.MAX_TOTAL:
+        raise SandboxError(f"fleet {fleet.name} is holding: {fleet.hold_reason}", reason="fleet_holding",
+                           permanent=fleet.hold_kind == Fleet.HoldKind.PERMANENT)
 
 
 def _wait_for_warm(fleet: Fleet, holder: str, lease_seconds: int, wait_s: float, started: float) -> Sandbox | None:

@@ -31,13 +31,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, transaction
 
 from experience.models import Step
 from experience.records import StepRecord, TrajectoryRecord
 from experience.services.ingest import steps_append, trajectory_finish, trajectory_open
 from webapp.fleets.errors import StaleFencingToken
 from webapp.fleets.models import Fleet
+from webapp.fleets.services import relaxed_commit
 from webapp.proxy.wiring import ingest_pending_records
 from webapp.rollouts import services as rollout_services
 from webapp.rollouts.models import Rollout
@@ -54,10 +55,12 @@ WORKSPACE_BASELINE = (
     "git -c user.email=trove@localhost -c user.name=trove commit -q -m baseline"
 )
 PROXY_RECORD_WAIT_S = 15.0
-INGEST_SLICE_S = 0.1  # full stack: how long one wait for the proxy's records may block on the stream
+# Full stack: how long one wait for the proxy's records may block on its stream. Short: a read that finds
+# nothing blocks for all of it, and the records usually landed already.
+INGEST_SLICE_S = 0.02
 # An external harness does not say how many calls it made: its calls are taken as all recorded once the
-# count has not moved for this long (the proxy hands a record to its writer before the harness has its
-# answer's last byte, so this only covers the writer's batching delay).
+# count has not moved for this long after it exited (the proxy queues a call's record as soon as it has sent
+# the answer, so what is left to cover is the record's way to the store: the sink's batching, the stream).
 PROXY_RECORD_QUIET_S = 1.0
 EVAL_PROTECTED = ("tests/",)  # task files restored before the evaluation runs
 # The runner's own steps are written in batches: at most this long after the first unwritten one (checked as
@@ -138,10 +141,10 @@ def rollout_run(*, rollout_id: int, worker: str) -> str | None:
     rollout = rollout_services.rollout_start(rollout_id=rollout_id, worker=worker)
     if rollout is None:
         return None
-    trajectory = _open_trajectory(rollout)
-    rollout.trajectory, rollout.token = trajectory, secrets.token_urlsafe(24)
-    # One write: the attempt's trajectory and a token of its own (see the module docstring).
-    Rollout.objects.filter(pk=rollout.pk).update(trajectory=trajectory, token=rollout.token)
+    with transaction.atomic():  # one commit: the attempt's trajectory, and a token of its own (module docstring)
+        trajectory = _open_trajectory(rollout)
+        rollout.trajectory, rollout.token = trajectory, secrets.token_urlsafe(24)
+        Rollout.objects.filter(pk=rollout.pk).update(trajectory=trajectory, token=rollout.token)
     with Heartbeat(rollout.pk, worker, settings.TROVE_ROLLOUT_HEARTBEAT_S) as heartbeat:
         return Attempt(rollout, worker, heartbeat, clock).run()
 
@@ -198,7 +201,8 @@ class Attempt:
         self.lease = self.heartbeat.lease = lease
         if lease.sandbox.cold_claim:  # the wait was the sandbox being created, not scheduling
             self.clock.sandbox_ms += lease.claim_ms
-        Rollout.objects.filter(pk=self.rollout.pk).update(sandbox=lease.sandbox)
+        with relaxed_commit():  # a pointer for the reaper; the lease itself (already committed) guards the sandbox
+            Rollout.objects.filter(pk=self.rollout.pk).update(sandbox=lease.sandbox)
         self.record(StepRecord(kind="sandbox_event", started_at=now(), text=_lease_note(lease),
                                payload={"sandbox": lease.sandbox.name, "cold": lease.sandbox.cold_claim,
                                         "claim_ms": round(lease.claim_ms, 1)}))
@@ -359,9 +363,12 @@ class Attempt:
             self.flush()
 
     def flush(self) -> None:
+        """Write the queued steps. Committed asynchronously (no WAL flush wait): the trajectory's finish, a
+        normal commit, comes after and makes them durable with it."""
         if self.pending:
             steps, self.pending = self.pending, []
-            steps_append(trajectory_id=self.trajectory_id, steps=steps)
+            with relaxed_commit():
+                steps_append(trajectory_id=self.trajectory_id, steps=steps)
 
     def finish_trajectory(self, status: str, *, note: str) -> None:
         self.record(StepRecord(kind="note", started_at=now(), text=note, is_error=True))

@@ -55,8 +55,11 @@ def blobs_store(contents: Mapping[str, bytes]) -> int:
     with transaction.atomic():
         if is_postgres():
             now = timezone.now()
-            rows = [(d, len(contents[d]), *_encode(contents[d]), now) for d in sorted(missing)]
-            copy_ignoring_conflicts("experience_blob", _COLUMNS, rows, conflict="sha256")
+            ordered = sorted(missing)  # one order for every writer, so two racing on shared content cannot deadlock
+            copy_ignoring_conflicts(
+                "experience_blob", _COLUMNS, lambda: ((d, len(contents[d]), *_encode(contents[d]), now) for d in ordered),
+                conflict="sha256",
+            )
         else:
             Blob.objects.bulk_create(
                 [_row(d, contents[d]) for d in sorted(missing)], ignore_conflicts=True, batch_size=500

@@ -7,7 +7,7 @@ columns take JSON text, which callers serialise once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
@@ -27,18 +27,21 @@ def copy_rows(table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]])
                 copy.write_row(row)
 
 
-def copy_ignoring_conflicts(table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, conflict: str) -> None:
+def copy_ignoring_conflicts(
+    table: str, columns: Sequence[str], rows: Callable[[], Iterable[Sequence[Any]]], *, conflict: str
+) -> None:
     """COPY rows that are new as far as the caller knows; if a concurrent writer stored one of them
     meanwhile, redo it as INSERT … ON CONFLICT DO NOTHING (Postgres only; the caller holds the transaction).
 
-    The fast path is a plain COPY (in a savepoint): conflicts are rare, since the caller has just checked
-    which rows exist, and only a writer racing on the same content causes one.
+    `rows` makes the rows (lazily, so making them overlaps the COPY); it is called again for the redo. The
+    fast path is a plain COPY (in a savepoint): conflicts are rare, since the caller has just checked which
+    rows exist, and only a writer racing on the same content causes one.
     """
     try:
         with transaction.atomic():
-            copy_rows(table, columns, rows)
+            copy_rows(table, columns, rows())
     except IntegrityError:
-        copy_then_insert_ignoring_conflicts(table, columns, rows, conflict=conflict)
+        copy_then_insert_ignoring_conflicts(table, columns, rows(), conflict=conflict)
 
 
 def copy_then_insert_ignoring_conflicts(

@@ -122,25 +122,28 @@ def _write_batch(records: Sequence[TrajectoryRecord], original_blob: str) -> lis
 
 
 def _existing_ids(records: Sequence[TrajectoryRecord]) -> dict[tuple[str, str], int]:
-    wanted = {(r.source, r.source_ref) for r in records}
-    refs = sorted({ref for _, ref in wanted})
+    """Ids of the runs already stored, by (source, source_ref): lookups on the unique index, per source."""
+    by_source: dict[str, set[str]] = {}
+    for record in records:
+        by_source.setdefault(record.source, set()).add(record.source_ref)
     found: dict[tuple[str, str], int] = {}
-    for start in range(0, len(refs), 1000):
-        rows = Trajectory.objects.filter(source_ref__in=refs[start : start + 1000])
-        for pk, source, ref in rows.values_list("pk", "source", "source_ref"):
-            if (source, ref) in wanted:
-                found[(source, ref)] = pk
+    for source, refs in by_source.items():
+        ordered = sorted(refs)
+        for start in range(0, len(ordered), 1000):
+            rows = Trajectory.objects.filter(source=source, source_ref__in=ordered[start : start + 1000])
+            found.update(((source, ref), pk) for pk, ref in rows.values_list("pk", "source_ref"))
     return found
 
 
 def _insert_runs(records: list[TrajectoryRecord], original_blob: str) -> dict[tuple[str, str], int]:
-    sink = BlobSink()
-    prepared = [[prepare_step(step, sink) for step in record.steps] for record in records]
-    blobs_store(sink.contents)
     rows = Trajectory.objects.bulk_create(
         [_trajectory_row(record, original_blob) for record in records], batch_size=500
     )
-    _insert_steps([(row.pk, steps) for row, steps in zip(rows, prepared, strict=True)])
+    # Steps before blobs (no constraint ties them; the transaction makes them visible together), so each
+    # step is prepared while it streams into COPY: Python's work overlaps Postgres' instead of adding to it.
+    sink = BlobSink()
+    _insert_steps([(row.pk, record.steps) for row, record in zip(rows, records, strict=True)], sink)
+    blobs_store(sink.contents)
     return {(row.source, row.source_ref): row.pk for row in rows}
 
 
@@ -157,15 +160,14 @@ def _trajectory_row(record: TrajectoryRecord, original_blob: str) -> Trajectory:
     )
 
 
-def _insert_steps(runs: list[tuple[int, list[PreparedStep]]]) -> None:
+def _insert_steps(runs: list[tuple[int, list[StepRecord]]], sink: BlobSink) -> None:
+    prepared = (
+        (trajectory_id, seq, prepare_step(step, sink)) for trajectory_id, steps in runs for seq, step in enumerate(steps)
+    )
     if is_postgres():
-        copy_rows("experience_step", _STEP_COLUMNS, (
-            _copy_row(trajectory_id, seq, item) for trajectory_id, steps in runs for seq, item in enumerate(steps)
-        ))
-        return
-    Step.objects.bulk_create([
-        _step_row(trajectory_id, seq, item) for trajectory_id, steps in runs for seq, item in enumerate(steps)
-    ])
+        copy_rows("experience_step", _STEP_COLUMNS, (_copy_row(*item) for item in prepared))
+    else:
+        Step.objects.bulk_create([_step_row(*item) for item in prepared])
 
 
 def _copy_row(trajectory_id: int, seq: int, item: PreparedStep) -> tuple:

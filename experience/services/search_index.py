@@ -22,15 +22,19 @@ from experience.models import Trajectory
 
 BATCH = 100  # runs per transaction
 
-# Keep in sync with experience.search.STEP_SEARCH_DOCUMENT (imported there): what a step's document holds.
+# What a step's document holds: its preview and inline texts, each capped so one huge inline command cannot
+# overflow a tsvector. Path and dotted-name separators become spaces first: the parser would otherwise keep
+# `src/pkg/mod.py` or `pkg.mod.func` as one token, and a search for `mod` would miss it. Queries get the same
+# treatment (experience.search.search_query), so a pasted path still matches.
+SEPARATORS = "/.:="
 STEP_SEARCH_DOCUMENT = (
-    "to_tsvector('simple'::regconfig, "
+    "to_tsvector('simple'::regconfig, translate("
     "left(coalesce(preview, ''), 1000) || ' ' || "
     "left(coalesce(payload ->> 'command', ''), 20000) || ' ' || "
     "left(coalesce(payload ->> 'text', ''), 20000) || ' ' || "
     "left(coalesce(payload ->> 'output', ''), 20000) || ' ' || "
     "left(coalesce(payload ->> 'response_text', ''), 20000) || ' ' || "
-    "left(coalesce(payload ->> 'tool_calls', ''), 20000))"
+    f"left(coalesce(payload ->> 'tool_calls', ''), 20000), '{SEPARATORS}', '{' ' * len(SEPARATORS)}'))"
 )
 
 _INDEX_BATCH = f"""

@@ -20,7 +20,7 @@ from django.conf import settings
 from experience.errors import LimitExceeded, ValidationError
 from experience.importers.base import RESERVED_PAYLOAD_KEYS
 from experience.records import STEP_KINDS, TRAJECTORY_STATUSES, MessageRecord, StepRecord, TrajectoryRecord
-from experience.steps import storable
+from experience.steps import storable, storable_json
 
 _RUN_TEXT = ("source", "source_format", "source_ref", "task_key", "instruction", "source_version", "task_set",
              "harness", "model", "status", "final_diff")
@@ -84,7 +84,7 @@ def _check_run(c: _Checker, record: TrajectoryRecord) -> None:
     _time(c, record.started_at, "started_at")
     _time(c, record.finished_at, "finished_at")
     c.check(isinstance(record.metadata, dict), "metadata", "must be a JSON object")
-    c.check(storable(_json(c, record.metadata, "metadata")), "metadata", "contains a NUL character or invalid Unicode")
+    c.check(storable_json(_json(c, record.metadata, "metadata")), "metadata", "contains a NUL character or invalid Unicode")
 
 
 def _check_step(c: _Checker, step: Any, at: str) -> None:

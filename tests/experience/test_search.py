@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.utils import timezone
 
+import experience.services
 from experience.errors import ValidationError
 from experience.models import StepSearch, Trajectory
 from experience.records import StepRecord
-from experience.search import TrajectoryFilters, filters_from_params, page_after, trajectory_search
+from experience.search import (
+    TrajectoryFilters,
+    filters_from_params,
+    page_after,
+    trajectory_search,
+    trajectory_similar,
+)
 from experience.services.ingest import steps_append
 from experience.services.search_index import search_index_all, search_index_backlog
 from tests.experience.services.store_factories import RunFactory, StepFactory, run_record, stored
@@ -156,3 +165,17 @@ def test_similar_runs_say_so_until_the_dedup_service_provides_them():
         list(trajectory_search(filters=TrajectoryFilters(similar=pk)))
 
     assert caught.value.field == "similar"
+
+
+def test_similar_runs_come_most_similar_first_through_the_hook(monkeypatch):
+    # Pins the hook's contract for the dedup service (written separately): similar_runs(trajectory_id=,
+    # limit=) returns runs best first, as ids, rows, (id, score) pairs or objects with trajectory_id.
+    a, b, c, d = stored(RunFactory(model="m"), RunFactory(model="m"), RunFactory(model="m"), RunFactory(model="x"))
+    module = types.ModuleType("experience.services.dedup")
+    module.similar_runs = lambda *, trajectory_id, limit: [(c, 0.97), types.SimpleNamespace(trajectory_id=d), b]
+    monkeypatch.setitem(sys.modules, "experience.services.dedup", module)
+    monkeypatch.setattr(experience.services, "dedup", module, raising=False)
+
+    ranked = trajectory_similar(filters=filters_from_params({"similar": str(a), "model": "m"}))
+
+    assert [t.pk for t in ranked] == [c, b]

@@ -24,6 +24,7 @@ from django.db import connection
 from experience.models import Step, Trajectory
 from webapp.celery import app as celery_app
 from webapp.fleets.models import Sandbox
+from webapp.proxy.wiring import ingest_pending_records
 from webapp.rollouts.models import Rollout, RolloutJob
 from webapp.rollouts.services import RUN_TASK, job_create, rollouts_stale
 from workers.rollout_runner import rollout_run
@@ -149,6 +150,9 @@ def job_completed(job: RolloutJob) -> bool:
 
 
 def model_calls(**filters) -> list[Step]:
+    """Model-call steps, after storing the proxy's records still waiting in its Redis stream (what beat's
+    `trove.proxy.ingest` does every second on the full stack, and a runner does while it waits)."""
+    ingest_pending_records(0.2)
     return list(Step.objects.filter(kind="model_call", **filters).order_by("trajectory_id", "seq"))
 
 
@@ -196,8 +200,7 @@ def test_a_rollout_whose_worker_is_killed_is_reaped_retried_once_and_recorded_on
         rollout = job.rollouts.get()
         first = wait_until(lambda: Rollout.objects.filter(pk=rollout.pk).exclude(sandbox=None).first(),
                            timeout=120, what="the rollout to take a sandbox")
-        wait_until(lambda: len(model_calls(trajectory_id=first.trajectory_id)) >= 2, timeout=120,
-                   what="two recorded model calls")
+        wait_until(lambda: upstream.requests >= 2, timeout=120, what="the harness's second model call")
         sandbox = Sandbox.objects.get(pk=first.sandbox_id)
 
         workers[0].kill()
@@ -219,6 +222,8 @@ def test_a_rollout_whose_worker_is_killed_is_reaped_retried_once_and_recorded_on
     old, new = attempts_of(rollout)
     assert old.status == Trajectory.Status.INFRA_ERROR, "the killed attempt is kept, out of training data"
     assert new.pk == rollout.trajectory_id and new.status == Trajectory.Status.COMPLETED
+    wait_until(lambda: len(model_calls(trajectory_id__in=[old.pk, new.pk])) >= upstream.requests, timeout=30,
+               what="every call to be stored")
     calls = model_calls(trajectory_id__in=[old.pk, new.pk])
     assert len(calls) == upstream.requests, "every call made, by either attempt, is recorded exactly once"
     assert len({c.call_id for c in calls}) == len(calls)
@@ -242,7 +247,7 @@ def test_a_rollout_whose_worker_dies_on_its_last_attempt_ends_as_infra_error(
     try:
         job = demo_job(demo_task_set, demo_fleet, upstream.url, enqueue=enqueue_rollout, task_keys=["slugify"])
         rollout = job.rollouts.get()
-        wait_until(lambda: model_calls(trajectory__metadata__rollout_id=rollout.pk), timeout=120, what="a model call")
+        wait_until(lambda: upstream.requests >= 1, timeout=120, what="a model call")
         worker.kill()
         wait_until(lambda: [r for r in rollouts_stale() if r.pk == rollout.pk], timeout=30, what="a stale heartbeat")
         reaped = reap_stale_rollouts()
@@ -261,19 +266,21 @@ def test_a_rollout_whose_worker_dies_on_its_last_attempt_ends_as_infra_error(
 # --- Redis restarted in the middle of a job -------------------------------------------------------------------
 
 def test_a_job_survives_a_redis_restart_and_every_model_call_is_in_the_store(
-    local_backend, sandbox_root, demo_task_set, demo_fleet, slow_model_upstream, tmp_path
+    local_backend, sandbox_root, demo_task_set, demo_fleet, slow_model_upstream, tmp_path, settings
 ):
+    from webapp.proxy.locations import proxy_stream
     from webapp.proxy.recorder import RedisStreamSink
     from webapp.proxy.server import serve_in_thread
     from webapp.proxy.wiring import make_trove_proxy_app
 
     broker = PrivateRedis(tmp_path)
+    settings.REDIS_URL = broker.url  # this process's ingest (beat's stand-in) reads the private Redis too
     queue = f"trove-test-{uuid.uuid4().hex[:8]}"
     upstream = slow_model_upstream
-    sink = RedisStreamSink(url=broker.url, spool_dir=tmp_path / "spool", retry_interval_s=1.0)
+    sink = RedisStreamSink(url=broker.url, spool_dir=tmp_path / "spool", stream=proxy_stream(), retry_interval_s=1.0)
     app, _ = make_trove_proxy_app(sink=sink)
     proxy = serve_in_thread(app, host="127.0.0.1", port=0)
-    ingest = StreamIngest(broker.url)
+    ingest = BeatIngest()
     worker = None
     try:
         worker = WorkerProcess(broker_url=broker.url, queue=queue, log_path=tmp_path / "worker.log",
@@ -311,24 +318,18 @@ def send_to(broker_url: str, queue: str, rollout_id: int) -> None:
         celery_app.send_task(RUN_TASK, args=(rollout_id,), queue=queue, connection=conn)
 
 
-class StreamIngest:
-    """The proxy's Redis-stream consumer (what the full stack's ingest runs), on a thread that outlives
-    Redis restarts: a lost connection is retried."""
+class BeatIngest:
+    """Beat's stand-in: the proxy's record ingest task (`trove.proxy.ingest`) run every second on a thread,
+    through the Redis outage (the task reports Redis errors and the next tick tries again)."""
 
-    def __init__(self, url: str) -> None:
-        from webapp.proxy.recorder import consume_stream
-        from webapp.proxy.wiring import write_call_records
+    def __init__(self) -> None:
+        from workers.tasks.proxy import ingest_proxy_records
 
         self._stop = threading.Event()
-        client = redis.Redis.from_url(url, socket_timeout=5)
 
         def run() -> None:
-            while not self._stop.is_set():
-                try:
-                    consume_stream(client, write_call_records, group="trove-ingest", consumer="test",
-                                   block_ms=200, stop=self._stop)
-                except redis.RedisError:
-                    time.sleep(0.3)
+            while not self._stop.wait(1.0):
+                ingest_proxy_records(max_seconds=1.0)
             connection.close()
 
         self._thread = threading.Thread(target=run, name="stream-ingest", daemon=True)

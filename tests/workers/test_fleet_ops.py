@@ -139,6 +139,19 @@ def test_a_draining_fleet_creates_nothing_on_a_miss(pool_backend):  # noqa: F811
     assert not Sandbox.objects.filter(fleet=fleet).exists()
 
 
+@pytest.mark.parametrize(("kind", "permanent"), [(Fleet.HoldKind.PERMANENT, True), (Fleet.HoldKind.CAPACITY, False)])
+def test_a_held_fleet_refuses_a_cold_create_as_permanently_as_it_holds(pool_backend, kind, permanent):  # noqa: F811
+    fleet = make_fleet()
+    services.fleet_hold(fleet=fleet, kind=kind, reason="image pull failed", retry_in_s=None if permanent else 30)
+
+    with pytest.raises(SandboxError) as caught:
+        fleet_ops.sandbox_claim(fleet=fleet, holder="r")
+
+    assert (caught.value.reason, caught.value.permanent) == ("fleet_holding", permanent)
+    assert "image pull failed" in str(caught.value)
+    assert not Sandbox.objects.filter(fleet=fleet).exists()
+
+
 def test_setup_commands_run_once_before_the_sandbox_is_warm(pool_backend):  # noqa: F811
     fleet = make_fleet(template=make_template(setup_commands=["echo ready > setup.txt", "mkdir -p cache"]))
 

@@ -281,3 +281,18 @@ def test_two_reconcilers_at_once_never_overshoot(pool_backend):  # noqa: F811
 
     assert states(fleet) == {S.WARM: 4}
     assert len(listed(pool_backend, fleet)) == 4
+
+
+def test_the_beat_task_reconciles_every_fleet_and_one_broken_fleet_does_not_stop_the_others(pool_backend, settings):  # noqa: F811
+    from workers.sandboxes import registry
+    from workers.tasks.fleets import reconcile_all
+
+    broken = make_fleet(name="a-no-cluster", backend=Fleet.Backend.KUBERNETES, min_warm=1)
+    healthy = make_fleet(name="b-local", min_warm=1)
+    settings.TROVE_KUBECONFIG = "/nonexistent/kubeconfig"  # a cluster this process cannot reach
+    registry._backends.pop("kubernetes", None)
+
+    reports = reconcile_all()
+
+    assert "error" in reports["a-no-cluster"] and reports["b-local"]["created"] == 1
+    assert states(healthy) == {S.WARM: 1} and not Sandbox.objects.filter(fleet=broken).exists()

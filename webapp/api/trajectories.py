@@ -45,13 +45,7 @@ from experience.errors import LimitExceeded, ValidationError
 from experience.exporters.trove_jsonl import MARKER_KEY, step_to_dict
 from experience.models import Step, Trajectory
 from experience.records import MessageRecord, StepRecord, TrajectoryRecord
-from experience.search import (
-    SIMILAR_LIMIT,
-    TrajectoryFilters,
-    filters_from_params,
-    similar_ids,
-    trajectory_search,
-)
+from experience.search import TrajectoryFilters, filters_from_params, trajectory_search, trajectory_similar
 from experience.selectors import trajectory_get
 from experience.services.curation import ACTIONS, trajectories_curate
 from experience.services.exporting import (
@@ -329,12 +323,9 @@ class TrajectoryListApi(generics.ListAPIView):
         return super().get(request, *args, **kwargs)
 
     def _similar(self, request: Request) -> Response:
-        filterset = TrajectoryFilterSet(request.query_params, queryset=Trajectory.objects.all())
-        filters = filterset.search_filters()
-        ranked = similar_ids(trajectory_id=filters.similar or 0, limit=SIMILAR_LIMIT)
-        rows = {t.pk: t for t in trajectory_search(filters=filters)}
-        ordered = [rows[pk] for pk in ranked if pk in rows]
-        data = TrajectorySerializer(ordered, many=True, context={"request": request}).data
+        filters = TrajectoryFilterSet(request.query_params, queryset=Trajectory.objects.all()).search_filters()
+        rows = trajectory_similar(filters=filters)
+        data = TrajectorySerializer(rows, many=True, context={"request": request}).data
         return Response({"next": None, "previous": None, "results": data})
 
     @extend_schema(request=IngestInputSerializer, responses={201: IngestOutcomeSerializer(many=True)},

@@ -19,7 +19,15 @@ from django.views.decorators.http import require_POST
 from experience.errors import TroveError
 from experience.importers import REGISTRY
 from experience.models import Trajectory
-from experience.search import DUPLICATE_CHOICES, OUTCOMES, filters_from_params, page_after, trajectory_search
+from experience.search import (
+    DUPLICATE_CHOICES,
+    OUTCOMES,
+    Page,
+    filters_from_params,
+    page_after,
+    trajectory_search,
+    trajectory_similar,
+)
 from experience.services.curation import ACTIONS, trajectories_curate
 from experience.services.importing import ImportReport, trajectories_import_upload
 from webapp.api.trajectories import CURATE_PERMISSION
@@ -41,7 +49,10 @@ def explorer(request: HttpRequest) -> HttpResponse:
                      "can_curate": request.user.has_perm(CURATE_PERMISSION), "rows": [], "error": ""}
     try:
         filters = filters_from_params(params)
-        page = page_after(trajectory_search(filters=filters), after=_cursor(request), limit=PAGE)
+        if filters.similar is not None:  # most similar first, one page
+            page = Page(rows=trajectory_similar(filters=filters))
+        else:
+            page = page_after(trajectory_search(filters=filters), after=_cursor(request), limit=PAGE)
     except TroveError as error:
         context["error"] = error.message
         return render(request, "dashboard/explorer.html", context, status=400)

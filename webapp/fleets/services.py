@@ -254,18 +254,23 @@ def _request_one(fleet: Fleet, *, creator_waits: bool, cold: bool) -> Sandbox:
 def sandbox_transition(*, sandbox: Sandbox, to: str, expect: tuple[str, ...], reason: str = "",
                        where: dict[str, Any] | None = None, data: dict | None = None, **fields: Any) -> bool:
     """Move `sandbox` to `to` only if it is in one of `expect` (and matches `where`). Returns False, changing
-    nothing, otherwise. Updates the instance in place and logs the transition."""
+    nothing, otherwise. Updates the instance in place and logs the transition.
+
+    The UPDATE and its event commit together: the row stays locked until its event is written, so nobody
+    (a claim, say) can act on the new state before the log shows it, and the log's order is the truth's."""
     now = timezone.now()
     updates = dict(fields, state=to)
     if to in _PHASE_FIELD:
         updates[_PHASE_FIELD[to]] = now
-    changed = Sandbox.objects.filter(pk=sandbox.pk, state__in=expect, **(where or {})).update(**updates)
-    if not changed:
-        return False
-    from_state = sandbox.state if sandbox.state in expect else ""
+    with transaction.atomic():
+        changed = Sandbox.objects.filter(pk=sandbox.pk, state__in=expect, **(where or {})).update(**updates)
+        if not changed:
+            return False
+        from_state = sandbox.state if sandbox.state in expect else ""
+        event_record(sandbox=sandbox, kind="transition", from_state=from_state, to_state=to, reason=reason,
+                     data=data)
     for key, value in updates.items():
         setattr(sandbox, key, value)
-    event_record(sandbox=sandbox, kind="transition", from_state=from_state, to_state=to, reason=reason, data=data)
     return True
 
 

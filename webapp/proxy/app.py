@@ -1,8 +1,15 @@
 """The recording proxy: an OpenAI-compatible pass-through that records every chat-completions call.
 
-`make_proxy_app` builds the aiohttp application from two injected dependencies, so this module needs no
+`make_proxy_app` builds the aiohttp application from injected dependencies, so this module needs no
 Django: `resolve(token)` maps the rollout token in the path to a `Target` (where to forward, with which
 key), and `sink.put(record)` takes the call record off the request path.
+
+With `confirm(token)` as well, `resolve` may answer from a cache: the call is forwarded at once while
+`confirm` checks the token beside it, and nothing reaches the client, and nothing is recorded, until it
+has said the token is still good (401 if not, 503 if it could not tell). A check slower than the upstream
+costs the difference; one faster than it costs nothing. The price is that a finished rollout's cached
+token may have the upstream start on a call whose answer is then withheld (a stream is cut before its
+first byte reaches the client).
 
 Routes: `POST /r/{token}/v1/chat/completions`, `GET /r/{token}/v1/models`, `GET /healthz`. An agent is
 pointed at the proxy with `OPENAI_BASE_URL=http://<proxy>/r/<token>/v1`; `Target.upstream_base_url` is the
@@ -16,6 +23,7 @@ cannot be reached. The record is handed to the sink after the response has been 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -67,12 +75,14 @@ class Target:
 
 
 Resolve = Callable[[str], Awaitable[Target | None]]
+Confirm = Callable[[str], Awaitable[bool]]  # True: the token is still good (raises: cannot tell)
 
 
 def make_proxy_app(
     *,
     resolve: Resolve,
     sink: RecordSink,
+    confirm: Confirm | None = None,
     connector_limit: int = 512,
     upstream_timeout: float = 600.0,
     connect_timeout: float = 10.0,
@@ -86,6 +96,7 @@ def make_proxy_app(
     """
     proxy = _Proxy(
         resolve=resolve,
+        confirm=confirm,
         sink=sink,
         connector_limit=connector_limit,
         timeout=aiohttp.ClientTimeout(
@@ -102,9 +113,16 @@ def make_proxy_app(
 
 class _Proxy:
     def __init__(
-        self, *, resolve: Resolve, sink: RecordSink, connector_limit: int, timeout: aiohttp.ClientTimeout
+        self,
+        *,
+        resolve: Resolve,
+        confirm: Confirm | None,
+        sink: RecordSink,
+        connector_limit: int,
+        timeout: aiohttp.ClientTimeout,
     ) -> None:
         self._resolve = resolve
+        self._confirm = confirm
         self._sink = sink
         self._connector_limit = connector_limit
         self._timeout = timeout
@@ -127,16 +145,25 @@ class _Proxy:
             target = await self._resolve(request.match_info["token"])
         except Exception as exc:
             log.warning("could not resolve a rollout token: %r", exc)
-            return _error_response(
-                503, "token_check_unavailable", "the proxy cannot check the rollout token right now"
-            )
+            return _token_check_unavailable()
         return _unknown_token() if target is None else target
+
+    def _admission(self, token: str) -> asyncio.Task[bool] | None:
+        """The token's confirmation, started now to run beside the upstream call (None: no confirm)."""
+        if self._confirm is None:
+            return None
+        task = asyncio.ensure_future(self._confirm(token))
+        task.add_done_callback(_retrieve_exception)
+        return task
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         """The upstream's model list, passed through; not a model call, so not recorded."""
         target = await self._target(request)
         if isinstance(target, web.Response):
             return target
+        refusal = await _refusal(self._admission(request.match_info["token"]))
+        if refusal is not None:
+            return refusal
         assert self._session is not None
         try:
             async with self._session.get(
@@ -159,6 +186,7 @@ class _Proxy:
                 400, "invalid_call_id", f"{CALL_ID_HEADER} must match [A-Za-z0-9._:-]{{1,128}}"
             )
         call = _Call(target=target, call_id=call_id or uuid.uuid4().hex)
+        call.admission = self._admission(request.match_info["token"])
         try:
             return await self._chat_completions(request, target, call)
         except web.HTTPException as exc:  # a body over the size limit
@@ -215,10 +243,25 @@ class _Proxy:
         return f"the upstream sent nothing for {self._timeout.sock_read}s"
 
     def _record(self, call: _Call) -> None:
+        """Hand the record to the sink once the call is known to be the rollout's (a refused call is not)."""
         try:
-            self._sink.put(call.to_record())
+            record = call.to_record()
         except Exception:  # the answer is already with the client; a recording bug must not undo it
             log.exception("could not record call %s", call.call_id)
+            return
+        admission = call.admission
+        if admission is None or admission.done():
+            self._put_if_admitted(admission, record)
+        else:  # the handler failed before its gate: record once the confirmation is in
+            admission.add_done_callback(lambda done: self._put_if_admitted(done, record))
+
+    def _put_if_admitted(self, admission: asyncio.Task[bool] | None, record: CallRecord) -> None:
+        if admission is not None and (admission.cancelled() or admission.exception() or not admission.result()):
+            return
+        try:
+            self._sink.put(record)
+        except Exception:
+            log.exception("could not record call %s", record.call_id)
 
 
 async def _relay_stream(
@@ -226,6 +269,9 @@ async def _relay_stream(
 ) -> web.StreamResponse:
     """Write the upstream's stream to the client as it arrives, keeping each chunk for the record."""
     call.stream = True
+    refusal = await _refusal(call.admission)
+    if refusal is not None:  # not one byte of a refused call's stream reaches the client
+        return await _send(request, refusal, call)
     response = web.StreamResponse(status=upstream.status, headers=_passed_on(upstream.headers))
     try:
         await response.prepare(request)
@@ -259,7 +305,10 @@ def _drop_connection(request: web.Request) -> None:
 
 
 async def _send(request: web.Request, response: web.StreamResponse, call: _Call) -> web.StreamResponse:
-    """Finish sending the response now, so the record is made after the client has its answer."""
+    """Finish sending the response now, so the record is made after the client has its answer; a refused
+    call's answer is replaced by the refusal."""
+    if not response.prepared:
+        response = await _refusal(call.admission) or response
     try:
         await response.prepare(request)
         await response.write_eof()
@@ -285,6 +334,7 @@ class _Call:
     error: str | None = None
     error_kind: str | None = None
     local_error_body: dict[str, Any] | None = None
+    admission: asyncio.Task[bool] | None = None  # the token's confirmation, when one was asked for
 
     def fail(self, kind: str, message: str) -> None:
         if self.error is None:  # the first failure is the cause; later ones follow from it
@@ -371,6 +421,27 @@ def _error_body(code: str, message: str, *, error_type: str = "proxy_error") -> 
 
 def _error_response(status: int, code: str, message: str, *, error_type: str = "proxy_error") -> web.Response:
     return web.json_response(_error_body(code, message, error_type=error_type), status=status)
+
+
+async def _refusal(admission: asyncio.Task[bool] | None) -> web.Response | None:
+    """None when the call may be answered (no confirmation asked, or it said yes), else the refusal."""
+    if admission is None:
+        return None
+    try:
+        admitted = await asyncio.shield(admission)  # a client gone mid-wait must not cancel it: _record waits
+    except Exception as exc:
+        log.warning("could not confirm a rollout token: %r", exc)
+        return _token_check_unavailable()
+    return None if admitted else _unknown_token()
+
+
+def _retrieve_exception(task: asyncio.Task[bool]) -> None:
+    if not task.cancelled():
+        task.exception()  # logged where it is awaited; this only keeps asyncio from warning about it
+
+
+def _token_check_unavailable() -> web.Response:
+    return _error_response(503, "token_check_unavailable", "the proxy cannot check the rollout token right now")
 
 
 def _unknown_token() -> web.Response:

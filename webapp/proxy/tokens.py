@@ -1,13 +1,17 @@
-"""Rollout tokens to proxy targets, exactly: a call is forwarded only if, after it arrived, its token was
-seen to belong to a running rollout.
+"""Rollout tokens to proxy targets, exactly: a call is answered (and recorded) only if, after it arrived,
+its token was seen to belong to a running rollout.
 
-There is no cache of answers: a rollout that finished, was cancelled or reaped, or whose token a new
-attempt replaced, gets 401 on its very next call. What keeps that cheap is coalescing: the calls waiting
-for an answer share one indexed query (`token IN (...)`, status running) on a dedicated thread that keeps
-its database connection. A call joins the next query, never one already running (that query's snapshot
-may predate the call), so under load each call costs a fraction of a query and at most two round trips
-of waiting. Only the upstream API key is cached (per secret reference, briefly), as reading it may mean
-reading a file.
+No answer is cached. A rollout that finished, was cancelled or reaped, or whose token a new attempt
+replaced, gets 401 on its very next call. What is cached is where a token's calls go (`resolve`), so a
+known token's call is forwarded at once while `confirm` checks the token in the database beside it; the
+proxy withholds the answer until the check is in (see app.py). An unknown token is looked up before
+anything is forwarded.
+
+What keeps the check cheap is coalescing: the checks waiting share one indexed query (`token IN (...)`,
+status running) on a dedicated thread that keeps its database connection. A check joins the next query,
+never one already running (that query's snapshot may predate the call), so under load each call costs a
+fraction of a query. The upstream API key is cached per secret reference for KEY_CACHE_S, as reading it
+may mean reading a file.
 """
 
 from __future__ import annotations
@@ -16,12 +20,13 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 from typing import Any
 
-from django.db import InterfaceError, OperationalError, connection
+from django.db import InterfaceError, OperationalError, connection, models
 
 from webapp.proxy.app import Target
-from webapp.rollouts.models import Rollout
+from webapp.rollouts.models import Rollout, RolloutJob
 from webapp.rollouts.services import resolve_api_key
 
 log = logging.getLogger("trove.proxy")
@@ -32,21 +37,44 @@ _Answer = Target | None | Exception
 
 
 class TokenResolver:
-    """`await resolver(token)` -> the running rollout's Target, or None (unknown or finished: 401).
+    """`resolve(token)` -> where the token's calls go (cached, or looked up), None for a token that is not
+    a running rollout's; `confirm(token)` -> whether it is a running rollout's now; `await resolver(token)`
+    -> the Target, looked up now. All raise when the database cannot answer (the proxy answers 503).
 
-    Raises when the database cannot answer (the proxy turns that into a 503). One instance per proxy
-    app (it lives in the app's event loop); `aclose` on the app's cleanup releases its connection.
+    One instance per proxy app (it lives in the app's event loop); `aclose` on the app's cleanup releases
+    its connection.
     """
 
-    def __init__(self, *, key_cache_s: float = KEY_CACHE_S, query_timeout_s: float = QUERY_TIMEOUT_S) -> None:
+    def __init__(
+        self, *, key_cache_s: float = KEY_CACHE_S, query_timeout_s: float = QUERY_TIMEOUT_S, max_cached: int = 10_000
+    ) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trove-proxy-tokens")
         self._keys = _KeyCache(ttl_s=key_cache_s)
         self._query_timeout_s = query_timeout_s
         self._waiting: dict[str, list[asyncio.Future[_Answer]]] = {}
         self._rounds: asyncio.Task[None] | None = None
+        self._targets_by_token: dict[str, Target] = {}
+        self._max_cached = max_cached
         self.queries = 0  # how many lookups were made (a round of coalesced calls is one)
 
+    async def resolve(self, token: str) -> Target | None:
+        cached = self._targets_by_token.get(token)
+        return cached if cached is not None else await self(token)
+
+    async def confirm(self, token: str) -> bool:
+        return await self(token) is not None
+
     async def __call__(self, token: str) -> Target | None:
+        target = await self._looked_up(token)
+        if target is None:
+            self._targets_by_token.pop(token, None)
+        else:
+            if len(self._targets_by_token) >= self._max_cached:
+                self._targets_by_token.clear()  # crude but bounded: a dropped entry costs one lookup
+            self._targets_by_token[token] = target
+        return target
+
+    async def _looked_up(self, token: str) -> Target | None:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_Answer] = loop.create_future()
         self._waiting.setdefault(token, []).append(future)
@@ -105,8 +133,32 @@ def _close_connection() -> None:
 
 
 def _running_rollouts(tokens: list[str]) -> list[tuple[str, int, int, str, str]]:
-    rows = Rollout.objects.filter(token__in=tokens, status=Rollout.Status.RUNNING, trajectory__isnull=False)
-    return list(rows.values_list("token", "pk", "trajectory_id", "job__model_base_url", "job__api_key_ref"))
+    # Plain SQL: on this hot path the ORM's query building cost several times the query itself.
+    with connection.cursor() as cursor:
+        cursor.execute(_running_rollouts_sql(len(tokens)), [Rollout.Status.RUNNING, *tokens])
+        return cursor.fetchall()
+
+
+@cache
+def _running_rollouts_sql(count: int) -> str:
+    q = connection.ops.quote_name
+
+    def r(name: str) -> str:
+        return f"r.{q(_column(Rollout, name))}"
+
+    def j(name: str) -> str:
+        return f"j.{q(_column(RolloutJob, name))}"
+
+    return (f"SELECT {r('token')}, {r('id')}, {r('trajectory')}, {j('model_base_url')}, {j('api_key_ref')} "
+            f"FROM {q(Rollout._meta.db_table)} r JOIN {q(RolloutJob._meta.db_table)} j ON {j('id')} = {r('job')} "
+            f"WHERE {r('status')} = %s AND {r('trajectory')} IS NOT NULL "
+            f"AND {r('token')} IN ({', '.join(['%s'] * count)})")
+
+
+def _column(model: type[models.Model], name: str) -> str:
+    field = model._meta.get_field(name)
+    assert isinstance(field, models.Field) and field.column
+    return field.column
 
 
 def _with_reconnect(query, *args):

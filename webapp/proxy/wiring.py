@@ -55,7 +55,7 @@ def make_trove_proxy_app(*, sink: RecordSink | None = None, **app_options: Any):
     """
     resolver = TokenResolver()
     sink = sink or default_sink()
-    app = make_proxy_app(resolve=resolver, sink=sink, **app_options)
+    app = make_proxy_app(resolve=resolver.resolve, confirm=resolver.confirm, sink=sink, **app_options)
     app[TOKEN_RESOLVER] = resolver
     app.on_cleanup.append(resolver.aclose)
     return app, sink

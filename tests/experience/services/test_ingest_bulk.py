@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from django.db import connection
+from django.utils import timezone
 
 from experience.errors import LimitExceeded, ValidationError
 from experience.models import Blob, Step, Trajectory
 from experience.records import MessageRecord, StepRecord
+from experience.services.blobs import blob_put_many, sha256_hex
 from experience.services.ingest import steps_append, trajectories_ingest_many, trajectory_ingest
 from experience.services.stored import stored_records
 from tests.experience.services.store_factories import RunFactory, StepFactory, run_record, stored
@@ -164,3 +169,57 @@ def test_numbered_appends_are_idempotent_on_seq_and_refuse_gaps():
                 .values_list("payload", flat=True)]
     assert commands == ["a", "b", "c"]
     assert gap.value.field == "first_seq"
+
+
+postgres_only = pytest.mark.skipif("connection.vendor != 'postgresql'", reason="concurrent writers on Postgres")
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_two_writers_sending_the_same_batch_at_once_store_it_once():
+    batch = [run_record(calls=3) for _ in range(5)]
+    start = threading.Barrier(2)
+    results: list = []
+
+    def send() -> None:
+        start.wait()
+        try:
+            results.append(trajectories_ingest_many(records=batch))
+        finally:
+            connection.close()
+
+    writers = [threading.Thread(target=send) for _ in range(2)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=60)
+
+    assert len(results) == 2
+    assert Trajectory.objects.count() == 5 and Step.objects.count() == 5 * 6
+    assert sum(o.created for outcomes in results for o in outcomes) == 5
+    assert [o.trajectory_id for o in results[0]] == [o.trajectory_id for o in results[1]]
+
+
+@postgres_only
+def test_a_blob_stored_meanwhile_by_another_writer_is_kept_once():
+    from experience.services.blobs import _COLUMNS, _encode
+    from experience.services.bulk import copy_ignoring_conflicts
+
+    blob_put_many([b"already there"])
+    fresh = {sha256_hex(c): c for c in (b"already there", b"new content")}
+
+    # as if our "which exist?" check ran before the other writer stored the first one
+    copy_ignoring_conflicts("experience_blob", _COLUMNS, lambda: (
+        (d, len(c), *_encode(c), timezone.now()) for d, c in sorted(fresh.items())), conflict="sha256")
+
+    assert sorted(Blob.objects.values_list("sha256", flat=True)) == sorted(fresh)
+
+
+def test_a_nul_in_a_run_level_text_is_refused_by_field_but_a_literal_escape_is_kept():
+    with pytest.raises(ValidationError) as caught:
+        trajectory_ingest(record=RunFactory(instruction="bad \x00 byte"))
+    trajectory, _ = trajectory_ingest(record=RunFactory(instruction='print("\\u0000")', metadata={"k": "\\u0000"}))
+
+    assert caught.value.field == "instruction"
+    trajectory.refresh_from_db()
+    assert (trajectory.instruction, trajectory.metadata) == ('print("\\u0000")', {"k": "\\u0000"})
