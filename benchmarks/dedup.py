@@ -305,11 +305,11 @@ def index_figures(
 
     tuned = measure(None)
     sweep = {}
-    if index.kind == "ivf":
-        for nprobe in (1, 4, 16, 64, 256, 1024):
-            if nprobe <= index.nlist:
-                sweep[nprobe] = measure(nprobe)
-                log(f"  nprobe {nprobe}: {sweep[nprobe]}")
+    lists = index.nlist or 0  # None while the layout is exact: no sweep
+    for nprobe in (1, 4, 16, 64, 256, 1024):
+        if nprobe <= lists:
+            sweep[nprobe] = measure(nprobe)
+            log(f"  nprobe {nprobe}: {sweep[nprobe]}")
     above = float(np.mean(truth_scores[:, 0] >= threshold))
     return {
         **tuned,

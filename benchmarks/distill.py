@@ -12,7 +12,7 @@ Figures, each measured in a child process (so its peak RSS is its own, read with
 
 - copy_rows_per_s: `COPY (SELECT <the step columns the build reads> FROM experience_step) TO STDOUT` of the
   1,000,000 step rows, read to the end in this process: the floor, best of two.
-- read_rows_per_s: the build's read path alone (`datasets.source_runs`: trajectory rows through a
+- read_rows_per_s: the build's read path alone (`dataset_source.source_runs`: trajectory rows through a
   server-side cursor, steps and blobs a batch at a time, records rebuilt), step rows per second.
 - rows_per_s: the whole build (`dataset_version_build` of a `value` spec over the 1,000,000 steps:
   read, rubric labels, value rows, JSONL.gz and Parquet per split, manifest), step rows per second.
@@ -302,7 +302,7 @@ def copy_floor() -> dict[str, Any]:
     """Rows per second of COPY ... TO STDOUT of the step columns the build reads, read to the end."""
     from django.db import connection
 
-    from experience.services.datasets import STEP_COLUMNS
+    from experience.services.dataset_source import STEP_COLUMNS
 
     statement = f"COPY (SELECT {', '.join(STEP_COLUMNS)} FROM experience_step) TO STDOUT"
     best: dict[str, Any] = {}
@@ -324,7 +324,7 @@ def child(args: argparse.Namespace) -> None:
     from django.conf import settings
 
     from experience.models import Label
-    from experience.services import datasets
+    from experience.services import dataset_source, datasets
 
     settings.TROVE_DATASET_DIR = Path(args.out_dir)
     filters = {"task_sets": [args.task_set]} if args.task_set else {}
@@ -332,7 +332,7 @@ def child(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     if args.child == "read":
         runs = steps = 0
-        for run in datasets.source_runs(datasets.spec_for(kind="value", filters=filters)):
+        for run in dataset_source.source_runs(datasets.spec_for(kind="value", filters=filters)):
             runs += 1
             steps += len(run.record.steps)
         result: dict[str, Any] = {"runs": runs, "steps": steps}

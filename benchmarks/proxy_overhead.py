@@ -28,7 +28,9 @@ cores with the load generator and the upstream, so latency under load is mostly 
 are printed beside it.
 
 The last line is one JSON object; `*_p50_ms`, `*_p99_ms` and `*_added_p50_ms` are unloaded, `*_rps`
-from the load phase, `*_loaded_*` and `*_stream_*` from the other phases. Targets: recorded_fraction 1.0,
+from the load phase, `*_loaded_*` and `*_stream_*` from the other phases, `*_cpu_ms_per_call` the CPU
+time of a target's own processes per call in the load phase (robust to noisy neighbours; `upstream_` is
+the mock's own, `ingest_` the stream ingest's with `--sink stream`). Targets: recorded_fraction 1.0,
 trove_added_p50_ms < 1, trove_rps >= 50 x litellm_rps and >= direct_rps / 5.
 
     .venv/bin/python benchmarks/proxy_overhead.py [--requests 3000] [--sink count|db|stream] [--skip-litellm]
@@ -456,25 +458,56 @@ def _phase_load(phase: str, requests: int, rounds: int) -> dict[str, Any]:
     return {"requests": max(100, requests // 3 // rounds), "concurrency": CONCURRENCY, "stream": True}
 
 
-def _measure(urls: dict[str, str | list[str]], requests: int, rounds: int) -> dict[str, dict[str, Any]]:
+def _measure(
+    urls: dict[str, str | list[str]], requests: int, rounds: int, cpu_pids: dict[str, list[int]]
+) -> dict[str, dict[str, Any]]:
     """The unloaded phase sends to the targets in turn, one request each, so each target's samples are
     taken under the same conditions. The loaded phases run in `rounds` rounds, the targets taking
     turns within a round; latencies are pooled over the rounds, throughput is the median round's.
-    A target given as a list of URLs (one per rollout token) gets one per connection."""
+    A target given as a list of URLs (one per rollout token) gets one per connection. The CPU time the
+    target's own processes (`cpu_pids`) spend in the plain load phase is divided by its calls: unlike
+    latency, that figure hardly moves with a noisy neighbour on a shared machine."""
     for url in urls.values():  # pools, caches, lazy imports
         _load(url, requests=WARMUP_REQUESTS, concurrency=CONCURRENCY, per_worker=isinstance(url, list))
     firsts = {name: url[0] if isinstance(url, list) else url for name, url in urls.items()}
     unloaded = _load(list(firsts.values()), requests=max(100, requests // 6), concurrency=1)["per_url"]
     results = {name: {"unloaded": _without_samples(unloaded[url])} for name, url in firsts.items()}
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {name: {p: [] for p in LOADED_PHASES} for name in urls}
+    cpu_s = dict.fromkeys(urls, 0.0)
     for phase in LOADED_PHASES:
         for _ in range(rounds):
             for name, url in urls.items():
+                before = _cpu_seconds(cpu_pids[name])
                 runs[name][phase].append(
                     _load(url, **_phase_load(phase, requests, rounds), per_worker=isinstance(url, list)))
+                if phase == "load":
+                    cpu_s[name] += _cpu_seconds(cpu_pids[name]) - before
     for name in urls:
         results[name].update({phase: _pooled(runs[name][phase]) for phase in LOADED_PHASES})
+        results[name]["load"]["cpu_ms_per_call"] = round(1000 * cpu_s[name] / results[name]["load"]["sent"], 3)
     return results
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of the processes and all their descendants (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # gone meanwhile
+            stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)  # ppid, cpu
+    total, todo, seen = 0.0, list(pids), set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen or pid not in stats:
+            continue
+        seen.add(pid)
+        total += stats[pid][1]
+        todo += [child for child, (ppid, _) in stats.items() if ppid == pid]
+    return total
 
 
 def _without_samples(summary: dict[str, Any]) -> dict[str, Any]:
@@ -546,6 +579,10 @@ def _keys(
         keys[f"{target}_stream_p50_ms"] = get(target, "stream", "p50_ms")
         keys[f"{target}_stream_rps"] = get(target, "stream", "rps")
     keys["trove_added_loaded_p50_ms"] = minus(keys["trove_loaded_p50_ms"], keys["direct_loaded_p50_ms"])
+    # CPU per call of each target's own processes (direct: the mock upstream's, the scale of the rest)
+    keys["upstream_cpu_ms_per_call"] = get("direct", "load", "cpu_ms_per_call")
+    keys["trove_cpu_ms_per_call"] = get("trove", "load", "cpu_ms_per_call")
+    keys["litellm_cpu_ms_per_call"] = get("litellm", "load", "cpu_ms_per_call")
     if keys["trove_rps"] and keys["litellm_rps"]:
         keys["trove_over_litellm_rps"] = round(keys["trove_rps"] / keys["litellm_rps"], 1)
     if keys["trove_rps"] and keys["direct_rps"]:
@@ -600,13 +637,19 @@ def orchestrate(requests: int, sink_kind: str, skip_litellm: bool, rounds: int, 
         }
         if litellm_url:
             urls["litellm"] = f"{litellm_url}/v1/chat/completions"
-        results: dict[str, Any] = _measure(urls, requests, rounds)
+        cpu_pids = {"direct": [processes[0].pid], "trove": [processes[1].pid]}
+        if litellm_url:
+            cpu_pids["litellm"] = [processes[-1].pid]
+        results: dict[str, Any] = _measure(urls, requests, rounds, cpu_pids)
         expected = _sent(results["trove"])
         recorded_fraction = round(_recorded(trove_url, expected, bench) / expected, 4)
         for name, phases in results.items():
             for phase, figures in phases.items():
                 print(f"{name:8s} {phase:9s} {json.dumps(figures)}")
-        return {**_keys(results, recorded_fraction, litellm_missing), "sink": sink_kind}
+        keys = {**_keys(results, recorded_fraction, litellm_missing), "sink": sink_kind}
+        if sink_kind == "stream":  # the ingest process's whole run, over every call it stored
+            keys["ingest_cpu_ms_per_call"] = round(1000 * _cpu_seconds([processes[2].pid]) / expected, 3)
+        return keys
     finally:
         for process in reversed(processes):
             process.terminate()

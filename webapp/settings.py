@@ -159,6 +159,8 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("TROVE_CELERY_QUEUE", "trove")
 CELERY_BEAT_SCHEDULE = {
     "fleets-reconcile": {"task": "trove.fleets.reconcile_all", "schedule": 5.0},
     "rollouts-reap-stale": {"task": "trove.rollouts.reap_stale", "schedule": 15.0},
+    # finished runs not yet embedded are deduplicated in batches (experience.services.dedup)
+    "experience-dedup-pending": {"task": "trove.experience.dedup_pending", "schedule": 5.0, "options": {"expires": 5}},
 }
 if REDIS_URL:  # the proxy's records reach the store through a Redis stream only on the full stack
     CELERY_BEAT_SCHEDULE["proxy-ingest"] = {"task": "trove.proxy.ingest", "schedule": 1.0, "options": {"expires": 5}}
@@ -190,6 +192,7 @@ TROVE_MAX_STEPS_PER_TRAJECTORY = env_int("TROVE_MAX_STEPS_PER_TRAJECTORY", 20000
 TROVE_MAX_CONTENT_CHARS = env_int("TROVE_MAX_CONTENT_CHARS", 4 * 1024 * 1024)
 TROVE_DATASET_DIR = Path(env_str("TROVE_DATASET_DIR") or VAR_DIR / "datasets")
 TROVE_INDEX_DIR = Path(env_str("TROVE_INDEX_DIR") or VAR_DIR / "index")
+TROVE_DEDUP_EMBEDDER = env_choice("TROVE_DEDUP_EMBEDDER", "lexical", ("lexical", "minilm"))  # dedup README
 DATA_UPLOAD_MAX_MEMORY_SIZE = TROVE_MAX_BODY_BYTES
 
 # --- REST API ---------------------------------------------------------------------------------------

@@ -12,9 +12,10 @@ call made by an earlier attempt's harness — still running in a sandbox not yet
 attempt's trajectory, never in the new one.
 
 Steps: model calls are written by the proxy's writer; the runner's own (sandbox event, commands, notes, eval)
-are buffered and written in batches (STEP_FLUSH_S), and the runner waits for the proxy's records of its
-calls (draining the Redis stream itself on the full stack) only after the evaluation, just before it
-finishes the trajectory, so that wait mostly overlaps the evaluation.
+are buffered and written in batches (STEP_FLUSH_S). On the full stack the proxy's records travel through a
+Redis stream: while the harness runs, a thread of the runner stores them as they come (RecordCatchUp), so a
+running rollout's page shows its calls and the runner's wait for them, just before it finishes the
+trajectory, rarely waits at all.
 
 Timings (Rollout.timings): `total_ms` runs from the call of rollout_run to the rollout's final write,
 `model_ms` is time in model calls, `sandbox_ms` time in the sandbox (a cold create, workspace setup, harness
@@ -58,14 +59,18 @@ PROXY_RECORD_WAIT_S = 15.0
 # Full stack: how long one wait for the proxy's records may block on its stream. Short: a read that finds
 # nothing blocks for all of it, and the records usually landed already.
 INGEST_SLICE_S = 0.02
+CATCH_UP_SLICE_S, CATCH_UP_IDLE_S = 0.2, 0.2  # the catch-up thread: one drain of the stream, the pause after
 # An external harness does not say how many calls it made: its calls are taken as all recorded once the
 # count has not moved for this long after it exited (the proxy queues a call's record as soon as it has sent
 # the answer, so what is left to cover is the record's way to the store: the sink's batching, the stream).
 PROXY_RECORD_QUIET_S = 1.0
 EVAL_PROTECTED = ("tests/",)  # task files restored before the evaluation runs
 # The runner's own steps are written in batches: at most this long after the first unwritten one (checked as
-# steps come), and always before the trajectory is finished. A live page lags the run by about this much.
-STEP_FLUSH_S = 1.0
+# steps come), and always before the trajectory is finished. A batch holds steps older than model calls the
+# proxy already stored, so every write renumbers the trajectory's steps by time: fewer, larger batches are
+# cheaper. A live page shows a running rollout's commands up to this late (its model calls, which carry the
+# commands' output in their context, are shown as they land).
+STEP_FLUSH_S = 5.0
 HARNESS_OUTPUT_BYTES = 256 * 1024  # per stream, for an external harness's command step
 
 
@@ -94,6 +99,33 @@ class Clock:
         total = (time.perf_counter() - self.started) * 1000
         return {"model_ms": round(self.model_ms, 1), "sandbox_ms": round(self.sandbox_ms, 1),
                 "eval_ms": round(self.eval_ms, 1), "total_ms": round(total, 1)}
+
+
+class RecordCatchUp:
+    """Full stack: stores the proxy's records waiting in its Redis stream, on a thread, while the harness
+    runs. Beat's ingest task queues behind the rollouts of a busy job; without this a call would reach the
+    store only when some rollout finished. Whatever it stores is any rollout's: the stream is shared."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="record-catch-up", daemon=True)
+
+    def __enter__(self) -> RecordCatchUp:
+        if settings.REDIS_URL:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        # Not joined: a drain under way finishes on its own (within a slice) while the evaluation runs.
+        self._stop.set()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if not ingest_pending_records(CATCH_UP_SLICE_S):
+                    self._stop.wait(CATCH_UP_IDLE_S)
+        finally:
+            connection.close()
 
 
 class Heartbeat:
@@ -221,9 +253,10 @@ class Attempt:
     def run_harness(self) -> int:
         """Run the job's harness; returns its step count (model turns). Raises InfraFailure when the model
         server or the sandbox failed rather than the agent."""
-        if self.job.harness == "external":
-            return self.run_external()
-        return self.run_builtin()
+        with RecordCatchUp():
+            if self.job.harness == "external":
+                return self.run_external()
+            return self.run_builtin()
 
     def run_builtin(self) -> int:
         rollout, job, lease, clock = self.rollout, self.job, self.held(), self.clock

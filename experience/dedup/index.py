@@ -15,7 +15,7 @@ Layout, and why:
   doubling because such queries flatter the index; see `_tune_nprobe`).
 - `recall_floor`: with it, tuning counts only true neighbours scoring at least that much. Dedup needs the
   neighbours above its threshold, not the exact order of loosely related runs, and on lexical vectors the
-  difference is large (README.md: nprobe 8 instead of 256 at 50,000 runs). `search(..., nprobe=)`
+  difference is large (README.md: nprobe 4 instead of 256-1,024 at 100,000 runs). `search(..., nprobe=)`
   overrides the tuned value for one call (a "find similar" page that wants the exact top-k).
 - `add` switches flat → IVF when the index outgrows the threshold, retrains the IVF when it has grown 4x
   since training (the lists would be too long for the tuned nprobe), and goes back to flat when removals

@@ -25,7 +25,8 @@ from experience.distill.spec import DatasetSpec
 from experience.distill.splits import split_for_task
 from experience.errors import ValidationError
 from experience.models import DatasetVersion, Step
-from experience.services.datasets import StoredRun, runs_matching, stored_run_batches, version_rows
+from experience.services.dataset_source import StoredRun, runs_matching, stored_run_batches
+from experience.services.datasets import version_rows
 
 KINDS = ("value", "outcome")
 BEST_OF = (2, 4, 8)

@@ -8,6 +8,8 @@
   defaults). All or nothing: a bad run is a 4xx naming the field (`trajectories[2].steps[5].kind`) and nothing
   is written. Idempotent on (source, source_ref). Body size, steps per run and text length are limited.
 - `GET  /api/v1/trajectories/<id>/`: one run with its first page of steps; `steps_next` pages on.
+- `GET  /api/v1/trajectories/<id>/similar/?k=10&same_task=true`: the runs nearest by signature embedding,
+  best first, each with its cosine `score` (experience.services.dedup.similar_runs).
 - `GET  /api/v1/trajectories/<id>/steps/?after=<seq>&limit=&context=1`: steps after a seq, with their full
   text; `context=1` adds the messages a model call saw.
 - `POST /api/v1/trajectories/<id>/steps/`: append steps, `{"steps": [...], "first_seq": n?}`; idempotent
@@ -48,6 +50,7 @@ from experience.records import MessageRecord, StepRecord, TrajectoryRecord
 from experience.search import TrajectoryFilters, filters_from_params, trajectory_search, trajectory_similar
 from experience.selectors import trajectory_get
 from experience.services.curation import ACTIONS, trajectories_curate
+from experience.services.dedup import similar_runs
 from experience.services.exporting import (
     CONTENT_TYPE,
     EXPORT_FORMATS,
@@ -464,6 +467,23 @@ class TrajectoryCurateApi(APIView):
         return Response(CurationResultSerializer(result).data)
 
 
+class SimilarQuerySerializer(serializers.Serializer):
+    k = serializers.IntegerField(min_value=1, max_value=100, default=10)
+    same_task = serializers.BooleanField(default=True)
+
+
+class TrajectorySimilarApi(APIView):
+    @extend_schema(parameters=[SimilarQuerySerializer], responses=OpenApiTypes.OBJECT, operation_id="trajectories_similar")
+    def get(self, request: Request, trajectory_id: int) -> Response:
+        """The runs most similar to this one by signature embedding, best first, each with its cosine `score`."""
+        query = SimilarQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        pairs = similar_runs(trajectory_id=trajectory_id, k=query.validated_data["k"],
+                             same_task=query.validated_data["same_task"])
+        rows = TrajectorySerializer([t for t, _ in pairs], many=True, context={"request": request}).data
+        return Response({"results": [{**row, "score": round(score, 6)} for row, (_, score) in zip(rows, pairs, strict=True)]})
+
+
 urlpatterns = [
     path("trajectories/", TrajectoryListApi.as_view(), name="api-trajectories"),
     path("trajectories/import/", TrajectoryImportApi.as_view(), name="api-trajectories-import"),
@@ -471,4 +491,5 @@ urlpatterns = [
     path("trajectories/curate/", TrajectoryCurateApi.as_view(), name="api-trajectories-curate"),
     path("trajectories/<int:trajectory_id>/", TrajectoryDetailApi.as_view(), name="api-trajectory"),
     path("trajectories/<int:trajectory_id>/steps/", TrajectoryStepsApi.as_view(), name="api-trajectory-steps"),
+    path("trajectories/<int:trajectory_id>/similar/", TrajectorySimilarApi.as_view(), name="api-trajectory-similar"),
 ]

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from webapp.dashboard import datasets, explorer, views
+from webapp.dashboard import clusters, datasets, explorer, views
 from webapp.dashboard import fleets as fleet_views
 
 app_name = "dashboard"
@@ -11,6 +11,10 @@ urlpatterns = [
     path("trajectories/curate/", explorer.explorer_curate, name="explorer-curate"),
     path("trajectories/import/", explorer.trajectory_import, name="trajectory-import"),
     path("trajectories/<int:trajectory_id>/", views.trajectory_detail, name="trajectory"),
+    path("clusters/", clusters.cluster_index, name="clusters"),
+    path("clusters/<int:cluster_id>/", clusters.cluster_detail, name="cluster"),
+    path("clusters/<int:cluster_id>/split/", clusters.cluster_split_view, name="cluster-split"),
+    path("clusters/<int:cluster_id>/merge/", clusters.cluster_merge_view, name="cluster-merge"),
     path("fleets/", fleet_views.fleet_list, name="fleets"),
     path("fleets/<int:fleet_id>/", fleet_views.fleet_detail, name="fleet"),
     path("fleets/<int:fleet_id>/scale/", fleet_views.fleet_scale, name="fleet-scale"),

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
 log = logging.getLogger(__name__)
+
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -31,9 +34,18 @@ def run_proxy(
     unix_path: str | None = None,
     shutdown_timeout: float = 30.0,
     access_log: bool = False,
+    gil_switch_interval_s: float | None = GIL_SWITCH_INTERVAL_S,
 ) -> None:
     """Serve `app` in the foreground until SIGINT / SIGTERM. `port=None` with a `unix_path` listens on
-    the socket only."""
+    the socket only.
+
+    The process is the proxy's, so its GIL switch interval is tuned for the event loop (None: leave it):
+    while the record writer's thread runs Python (the database writer is CPU work), a loop thread that
+    wants the GIL back waits up to the interval, 5 ms by default, and every call in flight waits with
+    it. At 0.5 ms the proxy's added median and tail latency fall by half or more, for a little more
+    switching."""
+    if gil_switch_interval_s is not None:
+        sys.setswitchinterval(gil_switch_interval_s)
     web.run_app(
         app,
         host=host if port is not None else None,

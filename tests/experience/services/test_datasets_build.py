@@ -14,7 +14,7 @@ from experience.distill.rubric import LABELS, RUBRIC_VERSION
 from experience.distill.spec import DatasetSpec
 from experience.errors import Conflict, ValidationError
 from experience.models import DatasetVersion, Label, Trajectory
-from experience.services import datasets
+from experience.services import dataset_source, datasets
 from tests.experience.services.dataset_store import run_record, store_run, store_tasks
 
 pytestmark = pytest.mark.django_db
@@ -234,7 +234,7 @@ def test_each_filter_selects_exactly_its_runs(filters, expected):
     }
     spec = datasets.spec_for(kind="value", filters=filters)
 
-    selected = {int(run.trajectory_id) for run in datasets.source_runs(spec)}
+    selected = {int(run.trajectory_id) for run in dataset_source.source_runs(spec)}
 
     assert selected == {made[name].pk for name in expected}
 
@@ -276,7 +276,7 @@ def test_the_read_path_rebuilds_each_run_exactly_as_it_was_ingested():
     record = run_record("task-a", metadata={"seed": 3})
     trajectory = store_run("task-a", metadata={"seed": 3})
 
-    (run,) = list(datasets.source_runs(DatasetSpec(kind="value")))
+    (run,) = list(dataset_source.source_runs(DatasetSpec(kind="value")))
 
     assert run.trajectory_id == str(trajectory.pk) and run.row_id == trajectory.pk
     assert run.record.steps == record.steps
@@ -285,11 +285,11 @@ def test_the_read_path_rebuilds_each_run_exactly_as_it_was_ingested():
 
 
 def test_runs_come_ordered_by_task_then_id_across_batches(monkeypatch):
-    monkeypatch.setattr(datasets, "RUN_BATCH", 3)
+    monkeypatch.setattr(dataset_source, "RUN_BATCH", 3)
     for key in ["b", "a", "c", "a", "b", "a", "c"]:
         store_run(key)
 
-    runs = list(datasets.source_runs(DatasetSpec(kind="value")))
+    runs = list(dataset_source.source_runs(DatasetSpec(kind="value")))
 
     keys = [(run.task_key, run.row_id) for run in runs]
     assert keys == sorted(keys) and len(keys) == 7

@@ -1,0 +1,396 @@
+"""Reading runs out of the store for distillation: filters to a queryset, and the streamed read path.
+
+`source_runs(spec)` yields the runs a dataset spec's filters select as `StoredRun`s (SourceRuns that know
+their row ids), ordered by (task key, id) as `experience.distill` needs them, without ever holding the
+store in memory: trajectory rows come through a server-side cursor (`iterator(chunk_size=...)`), and
+their steps and blobs are fetched a batch of runs at a time (RUN_BATCH runs or about STEP_BATCH steps),
+so memory is bounded by the batch, not by the store. Runs the spec leaves out (duplicates, rejected,
+unfinished, no outcome) are passed on without their steps: the manifest still counts them, and nothing
+reads their steps.
+
+Filters (all optional, combined with AND): `task_sets`, `task_keys`, `models`, `harnesses`, `sources`
+(lists: the run matches any), `outcome` (`success` | `failure`), `curation` (list of curation statuses),
+`created_after` / `created_before` (ISO dates or datetimes, on when the run was stored; after is
+inclusive, before exclusive), `tags` (list: the run carries all of them). Lists are sorted and
+de-duplicated, so equal filters give an equal spec and the same content hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from datetime import time as dt_time
+from typing import Any, NamedTuple
+
+import zstandard
+from django.db import connection
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
+
+from experience.distill.selection import exclusion_reason
+from experience.distill.source import SourceRun
+from experience.distill.spec import DatasetSpec
+from experience.errors import ValidationError
+from experience.models import Blob, Step, Trajectory
+from experience.records import MessageRecord, StepRecord, TrajectoryRecord
+from experience.steps import referenced_hashes, step_record_from_parts
+
+_zstd = zstandard.ZstdDecompressor()
+
+LIST_FILTERS = ("task_sets", "task_keys", "models", "harnesses", "sources", "curation", "tags")
+DATE_FILTERS = ("created_after", "created_before")
+OUTCOMES = ("success", "failure")
+FILTER_KEYS = (*LIST_FILTERS, *DATE_FILTERS, "outcome")
+# Batch bounds of the read path: a batch is this many runs, or fewer once their steps reach STEP_BATCH.
+RUN_BATCH = 500
+STEP_BATCH = 5000
+BLOB_QUERY = 5000  # hashes per blob query
+SQLITE_BLOB_QUERY = 500  # SQLite caps the parameters of one statement
+REQUEST_MESSAGES = "request_messages"  # the blob_refs key of a model call's context (experience.steps)
+PROGRESS_EVERY_S = 2.0
+
+TRAJECTORY_COLUMNS = (
+    "id", "source", "source_format", "source_version", "source_ref", "task_set", "task_key", "instruction",
+    "harness", "model", "status", "reward", "success", "started_at", "finished_at", "cost", "final_diff",
+    "metadata", "n_steps", "curation_status", "is_duplicate", "tags",
+)  # fmt: skip
+STEP_COLUMNS = (
+    "id", "trajectory_id", "seq", "kind", "started_at", "ended_at", "duration_ms", "tokens_in", "tokens_out",
+    "exit_code", "is_error", "call_id", "payload", "blob_refs",
+)  # fmt: skip
+_TEXT_COLUMNS = ("started_at", "ended_at", "payload", "blob_refs")
+_STEPS_SQL = (
+    f"SELECT {', '.join(f'{c}::text' if c in _TEXT_COLUMNS else c for c in STEP_COLUMNS)} "
+    f"FROM {Step._meta.db_table} WHERE trajectory_id = ANY(%s) ORDER BY trajectory_id, seq"
+)
+_BLOBS_SQL = f"SELECT sha256, encoding, data FROM {Blob._meta.db_table} WHERE sha256 = ANY(%s)"
+# Record fields that come straight from a trajectory column of the same name.
+_RECORD_COLUMNS = (
+    "source", "source_format", "source_version", "source_ref", "task_set", "task_key", "instruction",
+    "harness", "model", "status", "reward", "success", "started_at", "finished_at", "cost", "final_diff",
+    "metadata",
+)  # fmt: skip
+
+
+# --- filters -------------------------------------------------------------------------------------------
+
+
+def filters_clean(filters: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Validated, canonical filters. Raises `ValidationError` naming the bad field (`filters.<key>`)."""
+    if filters is None:
+        return {}
+    if not isinstance(filters, Mapping):
+        raise ValidationError("filters: must be a JSON object", field="filters")
+    cleaned: dict[str, Any] = {}
+    for key in sorted(filters):
+        value = filters[key]
+        if key not in FILTER_KEYS:
+            raise ValidationError(
+                f"filters.{key}: not a filter (one of {', '.join(FILTER_KEYS)})", field=f"filters.{key}"
+            )
+        if value in (None, [], ""):
+            continue  # an empty filter is no filter: keep the spec canonical
+        cleaned[key] = _clean_filter(key, value)
+    return cleaned
+
+
+def _clean_filter(key: str, value: Any) -> Any:
+    field = f"filters.{key}"
+    if key in LIST_FILTERS:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+            raise ValidationError(f"{field}: must be a list of names", field=field)
+        if key == "curation":
+            bad = sorted(set(value) - set(Trajectory.Curation.values))
+            if bad:
+                choices = ", ".join(Trajectory.Curation.values)
+                raise ValidationError(f"{field}: {bad[0]!r} is not one of {choices}", field=field)
+        return sorted(set(value))
+    if key == "outcome":
+        if value not in OUTCOMES:
+            raise ValidationError(
+                f"{field}: must be one of {', '.join(OUTCOMES)}, not {value!r}", field=field
+            )
+        return value
+    _parse_moment(value, field)
+    return value
+
+
+def _parse_moment(value: Any, field: str) -> datetime:
+    """An ISO date (midnight, in the server's time zone) or datetime."""
+    if isinstance(value, str):
+        moment = parse_datetime(value)
+        if moment is None and (day := parse_date(value)) is not None:
+            moment = datetime.combine(day, dt_time.min)
+        if moment is not None:
+            return moment if timezone.is_aware(moment) else timezone.make_aware(moment)
+    raise ValidationError(f"{field}: must be an ISO date or datetime, not {value!r}", field=field)
+
+
+def runs_matching(filters: Mapping[str, Any]) -> QuerySet[Trajectory]:
+    """Trajectories the filters select (tags aside on databases without JSON containment; see
+    `_tags_match`), in no particular order."""
+    query = Q()
+    for key, column in (
+        ("task_sets", "task_set"),
+        ("task_keys", "task_key"),
+        ("models", "model"),
+        ("harnesses", "harness"),
+        ("sources", "source"),
+        ("curation", "curation_status"),
+    ):
+        if filters.get(key):
+            query &= Q(**{f"{column}__in": filters[key]})
+    if filters.get("outcome") == "success":
+        query &= Q(success=True) | Q(success__isnull=True, reward__gt=0)
+    elif filters.get("outcome") == "failure":
+        query &= Q(success=False) | Q(success__isnull=True, reward__lte=0)
+    if filters.get("created_after"):
+        query &= Q(created_at__gte=_parse_moment(filters["created_after"], "filters.created_after"))
+    if filters.get("created_before"):
+        query &= Q(created_at__lt=_parse_moment(filters["created_before"], "filters.created_before"))
+    if filters.get("tags") and connection.vendor == "postgresql":
+        query &= Q(tags__contains=filters["tags"])
+    return Trajectory.objects.filter(query)
+
+
+def _tags_match(tags: Any, wanted: list[str]) -> bool:
+    """The tag filter in Python, for SQLite (the embedded default), which has no JSON containment."""
+    return isinstance(tags, list) and set(wanted) <= set(tags)
+
+
+# --- the read path -------------------------------------------------------------------------------------
+
+
+class Progress:
+    """Counts what the read path has read; calls `show(runs, steps)` at most every PROGRESS_EVERY_S."""
+
+    def __init__(self, show: Callable[[int, int], None] | None = None) -> None:
+        self.show = show
+        self.runs = 0
+        self.steps = 0
+        self._shown = 0.0
+
+    def add(self, *, runs: int, steps: int) -> None:
+        self.runs += runs
+        self.steps += steps
+        now = time.monotonic()
+        if self.show is not None and now - self._shown >= PROGRESS_EVERY_S:
+            self._shown = now
+            self.show(self.runs, self.steps)
+
+
+def source_runs(spec: DatasetSpec) -> Iterator[SourceRun]:
+    """The runs the spec's filters select, ordered by (task key, id), as SourceRuns, streamed.
+
+    Runs the spec will leave out come without their steps (nothing downstream reads them).
+    """
+    for batch in source_run_batches(spec):
+        yield from batch
+
+
+def source_run_batches(spec: DatasetSpec, *, progress: Progress | None = None) -> Iterator[list[StoredRun]]:
+    """`source_runs` a batch at a time: at most RUN_BATCH runs or about STEP_BATCH steps."""
+    wanted_tags = spec.filters.get("tags") if connection.vendor != "postgresql" else None
+    keep = (lambda row: _tags_match(row["tags"], wanted_tags)) if wanted_tags else None
+    return stored_run_batches(runs_matching(spec.filters), spec, progress=progress, keep=keep)
+
+
+def stored_run_batches(
+    trajectories: QuerySet[Trajectory],
+    spec: DatasetSpec,
+    *,
+    progress: Progress | None = None,
+    keep: Callable[[dict[str, Any]], bool] | None = None,
+) -> Iterator[list[StoredRun]]:
+    """The trajectories as StoredRuns ordered by (task key, id), in batches; only the runs the spec
+    uses get their steps. `keep`: a test on each trajectory row (TRAJECTORY_COLUMNS) made in Python,
+    before any step is read, for what SQL here does not say."""
+    progress = progress or Progress()
+    columns = trajectories.order_by("task_key", "id").values_list(*TRAJECTORY_COLUMNS)
+    # A server-side cursor: trajectory rows arrive RUN_BATCH at a time, never all at once.
+    rows: Iterable[dict[str, Any]] = (
+        dict(zip(TRAJECTORY_COLUMNS, values, strict=True))
+        for values in columns.iterator(chunk_size=RUN_BATCH)
+    )
+    if keep is not None:
+        rows = filter(keep, rows)
+    for batch in _batches(rows):
+        runs = _batch_runs(batch, spec)
+        progress.add(runs=len(batch), steps=sum(len(run.record.steps) for run in runs))
+        yield runs
+
+
+def _batches(rows: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    batch: list[dict[str, Any]] = []
+    steps = 0
+    for row in rows:
+        batch.append(row)
+        steps += row["n_steps"]
+        if len(batch) >= RUN_BATCH or steps >= STEP_BATCH:
+            yield batch
+            batch, steps = [], 0
+    if batch:
+        yield batch
+
+
+def _batch_runs(batch: list[dict[str, Any]], spec: DatasetSpec) -> list[StoredRun]:
+    """A batch's runs; steps and blobs come in one query each, only for the runs the spec uses."""
+    bare = [_stored_run(row, None) for row in batch]
+    needed = [run.row_id for run in bare if exclusion_reason(run, spec) is None]
+    steps_of = _steps_of(needed) if needed else {}
+    return [
+        _stored_run(row, steps_of[row["id"]]) if row["id"] in steps_of else run
+        for row, run in zip(batch, bare, strict=True)
+    ]
+
+
+class _StepRow(NamedTuple):
+    id: int
+    record: StepRecord
+    text: str  # the row's columns as Postgres renders them: what the run's content hash reads
+
+
+def _steps_of(trajectory_ids: list[int]) -> dict[int, list[_StepRow]]:
+    """The runs' steps, rebuilt as StepRecords, in seq order, per run."""
+    parsed = [(row, json.loads(row[13])) for row in _step_rows(trajectory_ids)]
+    blobs = _blobs(h for _row, refs in parsed for h in referenced_hashes(refs))
+    messages = _MessageCache(blobs)
+    grouped: dict[int, list[_StepRow]] = {trajectory_id: [] for trajectory_id in trajectory_ids}
+    for row, refs in parsed:
+        text = "\t".join(map(str, row[2:]))
+        grouped[row[1]].append(_StepRow(row[0], _step_record(row, refs, blobs, messages), text))
+    return grouped
+
+
+def _step_rows(trajectory_ids: list[int]) -> list[tuple]:
+    """The runs' step rows (STEP_COLUMNS; timestamps and JSON as text), ordered by (run, seq).
+
+    On Postgres, raw SQL because this is the hot path: one `= ANY(array)` parameter instead of thousands
+    of IN placeholders, and jsonb and timestamps fetched as Postgres's text (canonical for jsonb), which the
+    content hash reads as it is. Elsewhere (SQLite, the embedded default) the ORM, rendering the same text.
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_STEPS_SQL, [trajectory_ids])
+            return cursor.fetchall()
+    rows = (
+        Step.objects.filter(trajectory_id__in=trajectory_ids)
+        .order_by("trajectory_id", "seq")
+        .values_list(*STEP_COLUMNS)
+    )
+    return [(*r[:4], _iso(r[4]), _iso(r[5]), *r[6:12], _json_text(r[12]), _json_text(r[13])) for r in rows]
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def _blobs(hashes: Iterable[str]) -> dict[str, bytes]:
+    """Blob contents by hash, BLOB_QUERY hashes a query (`= ANY(array)` on Postgres)."""
+    wanted = list(dict.fromkeys(hashes))
+    found: dict[str, bytes] = {}
+    postgres = connection.vendor == "postgresql"
+    size = BLOB_QUERY if postgres else SQLITE_BLOB_QUERY
+    with connection.cursor() as cursor:
+        for start in range(0, len(wanted), size):
+            chunk = wanted[start : start + size]
+            if postgres:
+                cursor.execute(_BLOBS_SQL, [chunk])
+                rows = cursor.fetchall()
+            else:
+                rows = Blob.objects.filter(sha256__in=chunk).values_list("sha256", "encoding", "data")
+            found.update((digest, _decoded(encoding, data)) for digest, encoding, data in rows)
+    return found
+
+
+def _decoded(encoding: str, data: bytes | memoryview) -> bytes:
+    raw = bytes(data)
+    return _zstd.decompress(raw) if encoding == "zstd" else raw
+
+
+class _MessageCache(dict):
+    """Each context message of a batch parsed once and shared by every model call whose context holds it.
+
+    A run's context grows by a message or two per call, so rebuilding each call's context on its own
+    parses O(calls^2) messages; sharing parses each distinct message once, as importers share them. The
+    records are read-only downstream. A dict, so a hit is a plain lookup: there are O(calls^2) of them.
+    """
+
+    def __init__(self, blobs: Mapping[str, bytes]) -> None:
+        super().__init__()
+        self._blobs = blobs
+
+    def __missing__(self, digest: str) -> MessageRecord:
+        message = self[digest] = MessageRecord(**json.loads(self._blobs[digest]))
+        return message
+
+
+def _step_record(
+    row: tuple, refs: dict[str, Any], blobs: dict[str, bytes], messages: _MessageCache
+) -> StepRecord:
+    """A StepRecord from a `_STEPS_SQL` row, as `experience.steps.step_record_from_parts` rebuilds it,
+    except that context messages come from the batch's shared cache."""
+    context = refs.get(REQUEST_MESSAGES)
+    if context is not None:
+        refs = {name: value for name, value in refs.items() if name != REQUEST_MESSAGES}
+    record = step_record_from_parts(
+        kind=row[3], payload=json.loads(row[12]), blob_refs=refs, blobs=blobs,
+        started_at=_moment(row[4]), ended_at=_moment(row[5]), duration_ms=row[6], tokens_in=row[7],
+        tokens_out=row[8], exit_code=row[9], is_error=row[10], call_id=row[11],
+    )  # fmt: skip
+    if context is not None:
+        record.request_messages = list(map(messages.__getitem__, context))
+    return record
+
+
+def _moment(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text is not None else None
+
+
+@dataclass(frozen=True)
+class StoredRun(SourceRun):
+    """A SourceRun read from the store: its row id and its step rows' ids (aligned with the record's
+    steps), so labels and value estimates can be written back."""
+
+    row_id: int = 0
+    step_ids: tuple[int, ...] = ()
+
+
+def _stored_run(row: Mapping[str, Any], steps: list[_StepRow] | None) -> StoredRun:
+    """`steps` None: a run the spec leaves out, passed on without steps (and without a content hash)."""
+    record = TrajectoryRecord(
+        **{name: row[name] for name in _RECORD_COLUMNS}, steps=[step.record for step in steps or []]
+    )
+    return StoredRun(
+        trajectory_id=str(row["id"]),
+        record=record,
+        content_hash=store_content_hash(row, steps) if steps is not None else "",
+        curation=row["curation_status"],
+        is_duplicate=row["is_duplicate"],
+        row_id=row["id"],
+        step_ids=tuple(step.id for step in steps or []),
+    )
+
+
+def store_content_hash(row: Mapping[str, Any], steps: list[_StepRow]) -> str:
+    """sha256 of a run as stored: its record columns and every step row as Postgres renders it (blobs by
+    their hashes, which name their content). Cheaper than hashing the rebuilt record (a context shared by
+    50 calls is 50 short references, not 50 copies), and it changes with any change to the run."""
+    digest = hashlib.sha256()
+    head = {name: row[name] for name in _RECORD_COLUMNS}
+    digest.update(json.dumps(head, sort_keys=True, default=str).encode("utf-8", "surrogatepass"))
+    for step in steps:
+        digest.update(b"\n")
+        digest.update(step.text.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
