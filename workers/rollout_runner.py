@@ -335,7 +335,35 @@ class Attempt:
         self.clock.sandbox_ms += max(0.0, outcome.result.duration_ms - model_ms)
 
     def evaluate_and_finish(self, steps: int) -> str:
-        rollout, lease, task = self.rollout, self.held(), self.rollout.task
+        # Write the queued steps and wait for the proxy's records on a thread while the evaluation runs: both
+        # are bookkeeping, and the evaluation's step is the newest, so writing it after costs no renumbering.
+        settling = external.Background(_closing_connection, self.settle)
+        try:
+            diff, result, started_at = self.evaluate()
+        except BaseException:
+            settling.wait(PROXY_RECORD_WAIT_S)  # done before the failure path writes its own steps
+            raise
+        settling.result()
+        self.release()  # the sandbox's work is done; its release belongs in the rollout's timings
+        task = self.rollout.task
+        passed = result.exit_code == task.success_exit_code and not result.timed_out
+        reward = 1.0 if passed else 0.0
+        with transaction.atomic():  # one commit: the evaluation's step and the trajectory's outcome
+            self.record(_eval_step(task, result, started_at, passed, reward))
+            self.flush()
+            trajectory_finish(trajectory_id=self.trajectory_id, status="completed", reward=reward, success=passed,
+                              final_diff=diff.stdout if diff.exit_code == 0 else "")
+        status = R.SUCCEEDED if passed else R.FAILED
+        rollout_services.rollout_finish(
+            rollout_id=self.rollout.pk, worker=self.worker, status=status, reward=reward, steps=steps,
+            eval_output=(result.stdout + result.stderr)[-4000:], eval_timed_out=result.timed_out,
+            timings=self.clock.as_dict(),
+        )
+        return status
+
+    def evaluate(self) -> tuple[ExecResult, ExecResult, datetime]:
+        """(the workspace diff, the evaluation's result, when it started)."""
+        lease, task = self.held(), self.rollout.task
         started = time.perf_counter()
         diff = fleet_ops.sandbox_exec(lease, "git add -A >/dev/null 2>&1; git diff --cached", timeout=30,
                                       reason="diff")
@@ -345,27 +373,7 @@ class Attempt:
         started_at, started = now(), time.perf_counter()
         result = fleet_ops.sandbox_exec(lease, task.eval_command, timeout=task.eval_timeout_s, reason="eval")
         self.clock.eval_ms += (time.perf_counter() - started) * 1000
-        passed = result.exit_code == task.success_exit_code and not result.timed_out
-        reward = 1.0 if passed else 0.0
-        verdict = "passed" if passed else ("timed out" if result.timed_out else f"failed (exit {result.exit_code})")
-        self.record(StepRecord(
-            kind="eval", command=task.eval_command, output=result.stdout + result.stderr,
-            exit_code=result.exit_code, started_at=started_at, ended_at=now(), duration_ms=result.duration_ms,
-            is_error=result.timed_out, text=f"evaluation {verdict}; reward {reward}",
-            payload={"reward": reward, "timed_out": result.timed_out, "timeout_s": task.eval_timeout_s},
-        ))
-        self.flush()
-        _wait_for_model_calls(self.trajectory_id, self.model_calls)
-        trajectory_finish(trajectory_id=self.trajectory_id, status="completed", reward=reward, success=passed,
-                          final_diff=diff.stdout if diff.exit_code == 0 else "")
-        self.release()  # before the final write, so the lease's release is in the rollout's timings
-        status = R.SUCCEEDED if passed else R.FAILED
-        rollout_services.rollout_finish(
-            rollout_id=rollout.pk, worker=self.worker, status=status, reward=reward, steps=steps,
-            eval_output=(result.stdout + result.stderr)[-4000:], eval_timed_out=result.timed_out,
-            timings=self.clock.as_dict(),
-        )
-        return status
+        return diff, result, started_at
 
     def infra_failure(self, error: SandboxError) -> str:
         """Infrastructure failed, not the model: retry transient errors while attempts remain, else
@@ -403,10 +411,14 @@ class Attempt:
             with relaxed_commit():
                 steps_append(trajectory_id=self.trajectory_id, steps=steps)
 
-    def finish_trajectory(self, status: str, *, note: str) -> None:
-        self.record(StepRecord(kind="note", started_at=now(), text=note, is_error=True))
+    def settle(self) -> None:
+        """Write the queued steps, then wait until the proxy's records of the harness's calls are stored."""
         self.flush()
         _wait_for_model_calls(self.trajectory_id, self.model_calls)
+
+    def finish_trajectory(self, status: str, *, note: str) -> None:
+        self.record(StepRecord(kind="note", started_at=now(), text=note, is_error=True))
+        self.settle()
         trajectory_finish(trajectory_id=self.trajectory_id, status=status)
 
     def release(self) -> None:
@@ -441,6 +453,16 @@ def _command_step(command: str, result: ExecResult, started_at: datetime, ended_
         payload={"stdout_chars": len(result.stdout), "stderr_chars": len(result.stderr),
                  "timed_out": result.timed_out, "idle_timed_out": result.idle_timed_out,
                  "truncated_bytes": result.truncated_bytes},
+    )
+
+
+def _eval_step(task, result: ExecResult, started_at: datetime, passed: bool, reward: float) -> StepRecord:
+    verdict = "passed" if passed else ("timed out" if result.timed_out else f"failed (exit {result.exit_code})")
+    return StepRecord(
+        kind="eval", command=task.eval_command, output=result.stdout + result.stderr, exit_code=result.exit_code,
+        started_at=started_at, ended_at=now(), duration_ms=result.duration_ms, is_error=result.timed_out,
+        text=f"evaluation {verdict}; reward {reward}",
+        payload={"reward": reward, "timed_out": result.timed_out, "timeout_s": task.eval_timeout_s},
     )
 
 

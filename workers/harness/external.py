@@ -130,7 +130,7 @@ def run_external_harness(
     failure: a non-zero exit is an outcome. Errors of `execute` (the sandbox failed) propagate."""
     stage_file(STAGED_INSTRUCTION, instruction)
     started_at = datetime.now(UTC)
-    runner = _Background(execute, harness_script(command, harness_env(setup)))
+    runner = Background(execute, harness_script(command, harness_env(setup)))
     cancelled = False
     while not runner.wait(poll_s):
         if should_stop():
@@ -158,20 +158,21 @@ def server_failure(*, is_error: bool, payload: dict[str, Any], call_id: str | No
     return None
 
 
-class _Background:
-    """`execute(script)` on a thread, so the caller can watch for cancellation while the harness runs."""
+class Background:
+    """`function(*args)` on a thread of its own, so the caller can do something else meanwhile (watch for
+    cancellation while a harness runs). `result()` returns what it returned or raises what it raised."""
 
-    def __init__(self, execute: Callable[[str], ExecResult], script: str) -> None:
+    def __init__(self, function: Callable[..., Any], *args: Any) -> None:
         self.started = time.monotonic()
         self._outcome: list[Any] = []
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(execute, script), name="external-harness",
+        self._thread = threading.Thread(target=self._run, args=(function, *args), name="trove-background",
                                         daemon=True)
         self._thread.start()
 
-    def _run(self, execute: Callable[[str], ExecResult], script: str) -> None:
+    def _run(self, function: Callable[..., Any], *args: Any) -> None:
         try:
-            self._outcome.append(("ok", execute(script)))
+            self._outcome.append(("ok", function(*args)))
         except BaseException as exc:  # handed to the caller's thread by result()
             self._outcome.append(("error", exc))
         finally:
@@ -184,7 +185,8 @@ class _Background:
     def wait(self, timeout: float) -> bool:
         return self._done.wait(timeout)
 
-    def result(self) -> ExecResult:
+    def result(self) -> Any:
+        self._done.wait()
         kind, value = self._outcome[0]
         if kind == "error":
             raise value
