@@ -419,9 +419,10 @@ def _start_litellm(
             f"LiteLLM is not installed in its own venv ({LITELLM_BIN}); install it with: {LITELLM_INSTALL}",
         )
     port = _free_port()
-    env = dict(
-        os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_MASTER_KEY=MASTER_KEY, LITELLM_LOG="ERROR"
-    )
+    # Its default configuration: Trove's DATABASE_URL / REDIS_URL would switch on LiteLLM's own database
+    # (it reads the same names) and it would not start without its Prisma tooling.
+    env = {key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_MASTER_KEY=MASTER_KEY, LITELLM_LOG="ERROR")
     log = workdir / "litellm.log"
     process = _spawn(
         [

@@ -217,6 +217,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--root", default="", help="sandbox root (default: a fresh temporary directory)")
     parser.add_argument("--floor-samples", type=int, default=50)
+    parser.add_argument("--claims", type=int, default=500,
+                        help="warm claims to time through the fleet services (needs DATABASE_URL); 0 skips")
     args = parser.parse_args(argv)
 
     from workers.sandboxes.local import LocalBackend
@@ -243,7 +245,21 @@ def main(argv: list[str]) -> None:
           f"destroy p50 {figures['destroy_p50_ms']} ms")
     if not args.root:
         shutil.rmtree(root, ignore_errors=True)
+    figures.update(claim_figures(args.claims))
     print(json.dumps(figures))
+
+
+def claim_figures(n: int) -> dict:
+    """Warm claim -> first exec through the real fleet services on Postgres (benchmarks/claims.py)."""
+    if not n or not os.environ.get("DATABASE_URL"):
+        print("claim_to_first_exec: skipped (set DATABASE_URL=postgres://... to measure it)")
+        return {"claim_to_first_exec_p50_ms": None, "claim_to_first_exec_p99_ms": None}
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from claims import measure_claims
+
+    claims = measure_claims(n)
+    print(f"claims: {json.dumps(claims)}")
+    return {key: claims[key] for key in claims if key.startswith("claim_to_first_exec")}
 
 
 if __name__ == "__main__":

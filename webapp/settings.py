@@ -220,6 +220,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "JobStatusEnum": "webapp.rollouts.models.RolloutJob.Status",
         "RolloutStatusEnum": "webapp.rollouts.models.Rollout.Status",
+        "FleetStatusEnum": "webapp.fleets.models.Fleet.Status",
     },
 }
 
