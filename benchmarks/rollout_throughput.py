@@ -131,7 +131,7 @@ def start_celery(queue: str, proxy_url: str, root: Path, index: int, command: li
 
     db = settings.DATABASES["default"]
     env = dict(os.environ, DATABASE_URL=f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-               REDIS_URL=settings.REDIS_URL, TROVE_CELERY_QUEUE=queue, TROVE_PROXY_PUBLIC_URL=proxy_url,
+               REDIS_URL=settings.REDIS_URL or "", TROVE_CELERY_QUEUE=queue, TROVE_PROXY_PUBLIC_URL=proxy_url,
                TROVE_SANDBOX_ROOT=str(root), LOG_LEVEL="WARNING", TROVE_LOG_LEVEL="WARNING")
     env.setdefault("SECRET_KEY", "trove-bench-secret")
     log_path = root / f".celery-{index}.log"

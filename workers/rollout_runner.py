@@ -321,9 +321,9 @@ class Attempt:
         self.record(_harness_step(job.harness_command, outcome, _external_base_url(job.fleet), len(calls)))
         if outcome.cancelled:
             raise RolloutCancelled(f"rollout {rollout.pk} was taken away while its harness ran; harness killed")
-        failure = _last_call_failure(calls)
-        if failure is not None:  # the model server failed, whatever the harness made of it
-            raise InfraFailure(failure.message, reason="model_error", permanent=failure.permanent)
+        failure = _external_failure(outcome, calls)
+        if failure is not None:
+            raise failure
         self.record(StepRecord(kind="note", started_at=now(), text=f"harness ended: {outcome.reason}",
                                payload={"reason": outcome.reason, "steps": len(calls),
                                         "exit_code": outcome.result.exit_code}))
@@ -489,7 +489,7 @@ def _external_base_url(fleet: Fleet) -> str:
     """The proxy's address as seen from inside the fleet's sandboxes. A local sandbox has no network but
     the proxy-only forwarder; elsewhere (Kubernetes, a shared host network) it is the proxy's public URL."""
     network = fleet.template.network
-    if fleet.backend != "local" or network == "allow-list":
+    if network != "none" and (fleet.backend != "local" or network == "allow-list"):
         return settings.TROVE_PROXY_PUBLIC_URL
     if network == "proxy-only" and settings.TROVE_PROXY_SOCKET:
         return f"http://127.0.0.1:{PROXY_PORT}"
@@ -530,12 +530,22 @@ def _settled_model_calls(trajectory_id: int) -> list[dict]:
     return [dict(row) for row in rows.values("call_id", "is_error", "payload", "duration_ms")]
 
 
-def _last_call_failure(calls: list[dict]) -> external.ServerFailure | None:
+def _external_failure(outcome: external.ExternalOutcome, calls: list[dict]) -> InfraFailure | None:
+    """Whether the run says nothing about the agent: its last model call failed on the model server's side
+    (whatever the harness made of it), or the harness failed without a single call reaching the proxy (it
+    could not start, or could not reach the proxy). Either way it must not become training data."""
     if not calls:
-        return None
+        if outcome.result.ok:
+            return None
+        tail = (outcome.result.stdout + outcome.result.stderr)[-300:]
+        return InfraFailure(f"the harness ended ({outcome.reason}) without one model call reaching the proxy; "
+                            f"its output ends: {tail}", reason="harness_failed")
     last = calls[-1]
-    return external.server_failure(is_error=last["is_error"], payload=last["payload"] or {},
-                                   call_id=last["call_id"])
+    failure = external.server_failure(is_error=last["is_error"], payload=last["payload"] or {},
+                                      call_id=last["call_id"])
+    if failure is None:
+        return None
+    return InfraFailure(failure.message, reason="model_error", permanent=failure.permanent)
 
 
 def _harness_step(command: str, outcome: external.ExternalOutcome, proxy_url: str, calls: int) -> StepRecord:

@@ -41,14 +41,16 @@ def start_proxy(*, host: str, port: int, unix_path: str | None = None, **app_opt
     from webapp.proxy.wiring import make_trove_proxy_app
 
     app, sink = make_trove_proxy_app(**app_options)
-    unix_path = _proxy_socket_path(unix_path)
+    unix_path = prepare_proxy_socket(unix_path)
     server = serve_in_thread(app, host=host, port=port, unix_path=unix_path)
     if unix_path:
         os.chmod(unix_path, 0o666)  # sandboxes connect as their own unprivileged uid
     return server, sink
 
 
-def _proxy_socket_path(path: str | None) -> str | None:
+def prepare_proxy_socket(path: str | None) -> str | None:
+    """The path to listen on (its directory made, searchable by sandboxes), or None: no path, or one too long
+    for a Unix socket. The caller makes the socket itself 0666 once it exists (sandboxes run as another uid)."""
     if not path:
         return None
     if len(os.fsencode(path)) > UNIX_PATH_MAX:

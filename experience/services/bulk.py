@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Model
 
 
 def is_postgres() -> bool:
@@ -66,6 +67,31 @@ def copy_then_insert_ignoring_conflicts(
             f"INSERT INTO {_quote(table)} ({cols}) SELECT {cols} FROM {_quote(staging)} "
             f"ORDER BY {_quote(conflict)} ON CONFLICT ({_quote(conflict)}) DO NOTHING"
         )
+
+
+def copy_new_objects(objects: Sequence[Model]) -> None:
+    """Insert new model instances with COPY (Postgres only; the caller holds the transaction), setting their
+    primary keys: ids are taken from the table's sequence in one query, then every concrete column is
+    written as Django would write it (field defaults and auto_now / auto_now_add applied by the fields)."""
+    if not objects:
+        return
+    meta = objects[0]._meta
+    fields = [f for f in meta.concrete_fields]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s)",
+            [meta.db_table, meta.pk.column, len(objects)],
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+    for obj, pk in zip(objects, ids, strict=True):
+        obj.pk = pk
+        obj._state.adding = False
+        obj._state.db = connection.alias
+
+    def row(obj: Model) -> list[Any]:
+        return [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
+
+    copy_rows(meta.db_table, [f.column for f in fields], (row(obj) for obj in objects))
 
 
 def _quote(name: str) -> str:

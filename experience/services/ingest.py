@@ -30,7 +30,7 @@ from experience.errors import LimitExceeded, NotFound, ValidationError
 from experience.models import Step, Trajectory
 from experience.records import TRAJECTORY_STATUSES, StepRecord, TrajectoryRecord
 from experience.services.blobs import blob_put_many, blobs_store, sha256_hex
-from experience.services.bulk import copy_rows, is_postgres
+from experience.services.bulk import copy_new_objects, copy_rows, is_postgres
 from experience.services.stored import record_of, stored_step_records
 from experience.services.validation import validate_step, validate_trajectory
 from experience.steps import BlobSink, PreparedStep, prepare_step, refs_json
@@ -136,9 +136,11 @@ def _existing_ids(records: Sequence[TrajectoryRecord]) -> dict[tuple[str, str], 
 
 
 def _insert_runs(records: list[TrajectoryRecord], original_blob: str) -> dict[tuple[str, str], int]:
-    rows = Trajectory.objects.bulk_create(
-        [_trajectory_row(record, original_blob) for record in records], batch_size=500
-    )
+    rows = [_trajectory_row(record, original_blob) for record in records]
+    if is_postgres():
+        copy_new_objects(rows)
+    else:
+        Trajectory.objects.bulk_create(rows, batch_size=500)
     # Steps before blobs (no constraint ties them; the transaction makes them visible together), so each
     # step is prepared while it streams into COPY: Python's work overlaps Postgres' instead of adding to it.
     sink = BlobSink()

@@ -127,12 +127,11 @@ def test_an_external_harness_runs_in_a_proxy_only_sandbox_and_every_model_call_i
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_harness_that_exits_non_zero_is_the_agents_failure_and_is_still_evaluated(
+def test_a_harness_that_exits_non_zero_after_working_with_the_model_is_the_agents_failure_and_is_evaluated(
     local_backend, unix_proxy, model_upstream, demo_task_set, proxy_only_fleet
 ):
     job = external_job(demo_task_set, proxy_only_fleet, model_upstream.url,
-                       'echo "giving up on $TROVE_TASK_KEY" && test -s "$TROVE_INSTRUCTION_FILE" && exit 7',
-                       task_keys=["slugify"])
+                       f'{IN_SANDBOX} --max-steps 1; echo "giving up on $TROVE_TASK_KEY"; exit 7', task_keys=["slugify"])
     rollout = job.rollouts.get()
 
     status = rollout_run(rollout_id=rollout.pk, worker="test-worker")
@@ -141,8 +140,27 @@ def test_a_harness_that_exits_non_zero_is_the_agents_failure_and_is_still_evalua
     assert status == Rollout.Status.FAILED and rollout.attempt == 1 and rollout.reward == 0.0
     harness = rollout.trajectory.steps.get(kind="command")
     assert harness.exit_code == 7 and "giving up on slugify" in harness.payload["output"]
+    assert rollout.steps == 1 == rollout.trajectory.steps.filter(kind="model_call").count()
     assert rollout.trajectory.steps.filter(kind="eval").exists()
     assert rollout.trajectory.status == Trajectory.Status.COMPLETED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_harness_that_fails_without_reaching_the_model_is_an_infra_error_not_an_agent_failure(
+    local_backend, unix_proxy, model_upstream, demo_task_set, proxy_only_fleet, settings
+):
+    settings.TROVE_ROLLOUT_MAX_ATTEMPTS = 1
+    job = external_job(demo_task_set, proxy_only_fleet, model_upstream.url, "no-such-agent --task x",
+                       task_keys=["slugify"])
+    rollout = job.rollouts.get()
+
+    status = rollout_run(rollout_id=rollout.pk, worker="test-worker")
+
+    rollout.refresh_from_db()
+    assert status == Rollout.Status.INFRA_ERROR and "harness_failed" in rollout.error
+    assert "no-such-agent: command not found" in rollout.error
+    assert rollout.trajectory.status == Trajectory.Status.INFRA_ERROR
+    assert not rollout.trajectory.steps.filter(kind="eval").exists()
 
 
 @pytest.mark.django_db(transaction=True)

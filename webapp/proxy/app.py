@@ -24,10 +24,11 @@ cannot be reached. The record is handed to the sink after the response has been 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
+import os
 import re
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -61,6 +62,26 @@ _NOT_PASSED_ON = frozenset(
         "content-encoding",  # aiohttp's client decodes the body; the client gets it decoded
     }
 )
+
+
+class _CallIds:
+    """Call ids unique across processes and restarts, without a system call per call: a random prefix
+    per process (drawn again in a forked child) and a counter. On the hot path, a call that releases the
+    GIL (os.urandom, as uuid4 does) waits to get it back while the record writer's thread runs."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._prefix = os.urandom(10).hex()
+        self._counter = itertools.count()
+
+    def next(self) -> str:
+        return f"{self._prefix}-{next(self._counter):x}"
+
+
+_call_ids = _CallIds()
 
 
 @dataclass(frozen=True)
@@ -185,7 +206,7 @@ class _Proxy:
             return _error_response(
                 400, "invalid_call_id", f"{CALL_ID_HEADER} must match [A-Za-z0-9._:-]{{1,128}}"
             )
-        call = _Call(target=target, call_id=call_id or uuid.uuid4().hex)
+        call = _Call(target=target, call_id=call_id or _call_ids.next())
         call.admission = self._admission(request.match_info["token"])
         try:
             return await self._chat_completions(request, target, call)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 import threading
 
 from tests.webapp.proxy.harness import (
@@ -238,7 +240,23 @@ def test_without_a_call_id_header_each_call_gets_a_fresh_one(harness: ProxyHarne
 
     fresh = [record.call_id for record in harness.records[before:] if record.call_id != marker]
     assert len(fresh) == 2 and len(set(fresh)) == 2
-    assert all(len(call_id) == 32 for call_id in fresh)
+    assert all(re.fullmatch(r"[0-9a-f]{20}-[0-9a-f]+", call_id) for call_id in fresh)
+
+
+def test_a_forked_process_makes_call_ids_of_its_own():
+    from webapp.proxy.app import _call_ids
+
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: one id to the parent, then out without running pytest's exit handlers
+        os.write(writer, _call_ids.next().encode())
+        os._exit(0)
+    os.close(writer)
+    os.waitpid(child, 0)
+    from_child = os.read(reader, 200).decode()
+    os.close(reader)
+
+    assert from_child.split("-")[0] != _call_ids.next().split("-")[0]
 
 
 def test_a_retried_call_id_is_recorded_again_under_the_same_id(harness: ProxyHarness):

@@ -136,7 +136,7 @@ def read_body(response) -> str:
 
 def read_stream(response) -> str:
     """Concatenate the content deltas of an SSE stream; a stream that ends before `[DONE]` is an error."""
-    parts = []
+    parts: list[str] = []
     for raw in response:
         line = raw.decode("utf-8", "replace").strip()
         if not line.startswith("data:"):
