@@ -52,6 +52,15 @@ def step_records(steps: list[Step]) -> list[StepRecord]:
     ]
 
 
+def _width_ms(step: Step) -> float:
+    """A step's extent on the time axis: its duration, or its start-to-end span when no duration was given."""
+    if step.duration_ms is not None:
+        return step.duration_ms
+    if step.started_at and step.ended_at:
+        return (step.ended_at - step.started_at).total_seconds() * 1000
+    return 0.0
+
+
 def trajectory_timeline(*, trajectory: Trajectory, after_seq: int = -1, limit: int = TIMELINE_PAGE) -> list[TimelineStep]:
     steps = list(Step.objects.filter(trajectory=trajectory, seq__gt=after_seq).order_by("seq")[:limit])
     origin = Step.objects.filter(trajectory=trajectory, started_at__isnull=False).order_by("started_at").values_list(
@@ -59,5 +68,5 @@ def trajectory_timeline(*, trajectory: Trajectory, after_seq: int = -1, limit: i
     timeline = []
     for step, record in zip(steps, step_records(steps), strict=True):
         offset = (step.started_at - origin).total_seconds() * 1000 if (origin and step.started_at) else None
-        timeline.append(TimelineStep(step=step, record=record, offset_ms=offset, width_ms=step.duration_ms or 0.0))
+        timeline.append(TimelineStep(step=step, record=record, offset_ms=offset, width_ms=_width_ms(step)))
     return timeline

@@ -161,6 +161,8 @@ CELERY_BEAT_SCHEDULE = {
     "rollouts-reap-stale": {"task": "trove.rollouts.reap_stale", "schedule": 15.0},
     # finished runs not yet embedded are deduplicated in batches (experience.services.dedup)
     "experience-dedup-pending": {"task": "trove.experience.dedup_pending", "schedule": 5.0, "options": {"expires": 5}},
+    # search documents are built after ingest, in batches (experience.services.search_index)
+    "experience-search-index": {"task": "trove.search.index", "schedule": 10.0, "options": {"expires": 10}},
 }
 if REDIS_URL:  # the proxy's records reach the store through a Redis stream only on the full stack
     CELERY_BEAT_SCHEDULE["proxy-ingest"] = {"task": "trove.proxy.ingest", "schedule": 1.0, "options": {"expires": 5}}

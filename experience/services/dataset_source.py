@@ -4,9 +4,10 @@
 their row ids), ordered by (task key, id) as `experience.distill` needs them, without ever holding the
 store in memory: trajectory rows come through a server-side cursor (`iterator(chunk_size=...)`), and
 their steps and blobs are fetched a batch of runs at a time (RUN_BATCH runs or about STEP_BATCH steps),
-so memory is bounded by the batch, not by the store. Runs the spec leaves out (duplicates, rejected,
-unfinished, no outcome) are passed on without their steps: the manifest still counts them, and nothing
-reads their steps.
+so memory is bounded by the batch, not by the store. Outside a transaction the next batch is fetched
+on a second connection while this one is rebuilt (`_Fetcher`). Runs the spec leaves out (duplicates,
+rejected, unfinished, no outcome) are passed on without their steps: the manifest still counts them,
+and nothing reads their steps.
 
 Filters (all optional, combined with AND): `task_sets`, `task_keys`, `models`, `harnesses`, `sources`
 (lists: the run matches any), `outcome` (`success` | `failure`), `curation` (list of curation statuses),
@@ -21,6 +22,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from datetime import time as dt_time
@@ -53,6 +55,7 @@ BLOB_QUERY = 5000  # hashes per blob query
 SQLITE_BLOB_QUERY = 500  # SQLite caps the parameters of one statement
 REQUEST_MESSAGES = "request_messages"  # the blob_refs key of a model call's context (experience.steps)
 PROGRESS_EVERY_S = 2.0
+PREFETCH = True  # fetch the next batch on a second connection while this one is rebuilt (see _Fetcher)
 
 TRAJECTORY_COLUMNS = (
     "id", "source", "source_format", "source_version", "source_ref", "task_set", "task_key", "instruction",
@@ -221,10 +224,18 @@ def stored_run_batches(
     )
     if keep is not None:
         rows = filter(keep, rows)
-    for batch in _batches(rows):
-        runs = _batch_runs(batch, spec)
-        progress.add(runs=len(batch), steps=sum(len(run.record.steps) for run in runs))
-        yield runs
+    with _Fetcher() as fetcher:
+        # One batch ahead: the next batch's steps and blobs are fetched while this one is rebuilt.
+        pending: tuple[list[dict[str, Any]], list[StoredRun], Future[_Fetched]] | None = None
+        for batch in _batches(rows):
+            bare = [_stored_run(row, None) for row in batch]
+            needed = [run.row_id for run in bare if exclusion_reason(run, spec) is None]
+            fetched = fetcher.fetch(needed)
+            if pending is not None:
+                yield _finished(*pending, progress)
+            pending = (batch, bare, fetched)
+        if pending is not None:
+            yield _finished(*pending, progress)
 
 
 def _batches(rows: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
@@ -240,15 +251,65 @@ def _batches(rows: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
         yield batch
 
 
-def _batch_runs(batch: list[dict[str, Any]], spec: DatasetSpec) -> list[StoredRun]:
-    """A batch's runs; steps and blobs come in one query each, only for the runs the spec uses."""
-    bare = [_stored_run(row, None) for row in batch]
-    needed = [run.row_id for run in bare if exclusion_reason(run, spec) is None]
-    steps_of = _steps_of(needed) if needed else {}
-    return [
+def _finished(
+    batch: list[dict[str, Any]], bare: list[StoredRun], fetched: Future[_Fetched], progress: Progress
+) -> list[StoredRun]:
+    """A batch's runs: those the spec uses with their steps, the others as they were."""
+    steps_of = _steps_of(fetched.result())
+    runs = [
         _stored_run(row, steps_of[row["id"]]) if row["id"] in steps_of else run
         for row, run in zip(batch, bare, strict=True)
     ]
+    progress.add(runs=len(batch), steps=sum(len(run.record.steps) for run in runs))
+    return runs
+
+
+class _Fetched(NamedTuple):
+    trajectory_ids: list[int]
+    rows: list[tuple]  # `_step_rows`
+    refs: list[dict[str, Any]]  # each row's blob_refs, parsed
+    blobs: dict[str, bytes]
+
+
+def _fetch(trajectory_ids: list[int]) -> _Fetched:
+    """The database half of a batch: step rows and the blobs they refer to, in one query each."""
+    if not trajectory_ids:
+        return _Fetched([], [], [], {})
+    rows = _step_rows(trajectory_ids)
+    refs = [json.loads(row[13]) for row in rows]
+    blobs = _blobs(h for step_refs in refs for h in referenced_hashes(step_refs))
+    return _Fetched(trajectory_ids, rows, refs, blobs)
+
+
+class _Fetcher:
+    """Runs `_fetch` on a thread of its own with its own database connection, so Postgres works on the
+    next batch while Python rebuilds this one (two processes, two cores). Only outside a transaction on
+    Postgres: a second connection cannot see what this one has not committed, and in autocommit it sees
+    what the main connection sees. Otherwise (in a transaction, on SQLite, or PREFETCH off) it fetches
+    in line. The thread's connection is closed when the fetcher is."""
+
+    def __init__(self) -> None:
+        threaded = PREFETCH and connection.vendor == "postgresql" and not connection.in_atomic_block
+        self._pool = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataset-fetch") if threaded else None
+        )
+
+    def fetch(self, trajectory_ids: list[int]) -> Future[_Fetched]:
+        if self._pool is not None:
+            return self._pool.submit(_fetch, trajectory_ids)
+        done: Future[_Fetched] = Future()
+        done.set_result(_fetch(trajectory_ids))
+        return done
+
+    def __enter__(self) -> _Fetcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            # `connection` is looked up on the fetch thread, so this closes that thread's own connection.
+            closed = self._pool.submit(lambda: connection.close())
+            self._pool.shutdown(wait=True)
+            closed.result()
 
 
 class _StepRow(NamedTuple):
@@ -257,15 +318,13 @@ class _StepRow(NamedTuple):
     text: str  # the row's columns as Postgres renders them: what the run's content hash reads
 
 
-def _steps_of(trajectory_ids: list[int]) -> dict[int, list[_StepRow]]:
-    """The runs' steps, rebuilt as StepRecords, in seq order, per run."""
-    parsed = [(row, json.loads(row[13])) for row in _step_rows(trajectory_ids)]
-    blobs = _blobs(h for _row, refs in parsed for h in referenced_hashes(refs))
-    messages = _MessageCache(blobs)
-    grouped: dict[int, list[_StepRow]] = {trajectory_id: [] for trajectory_id in trajectory_ids}
-    for row, refs in parsed:
+def _steps_of(fetched: _Fetched) -> dict[int, list[_StepRow]]:
+    """The fetched runs' steps, rebuilt as StepRecords, in seq order, per run."""
+    messages = _MessageCache(fetched.blobs)
+    grouped: dict[int, list[_StepRow]] = {trajectory_id: [] for trajectory_id in fetched.trajectory_ids}
+    for row, refs in zip(fetched.rows, fetched.refs, strict=True):
         text = "\t".join(map(str, row[2:]))
-        grouped[row[1]].append(_StepRow(row[0], _step_record(row, refs, blobs, messages), text))
+        grouped[row[1]].append(_StepRow(row[0], _step_record(row, refs, fetched.blobs, messages), text))
     return grouped
 
 

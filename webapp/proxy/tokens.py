@@ -7,11 +7,15 @@ known token's call is forwarded at once while `confirm` checks the token in the 
 proxy withholds the answer until the check is in (see app.py). An unknown token is looked up before
 anything is forwarded.
 
-What keeps the check cheap is coalescing: the checks waiting share one indexed query (`token IN (...)`,
-status running) on a dedicated thread that keeps its database connection. A check joins the next query,
-never one already running (that query's snapshot may predate the call), so under load each call costs a
-fraction of a query. The upstream API key is cached per secret reference for KEY_CACHE_S, as reading it
-may mean reading a file.
+What keeps the check cheap:
+- coalescing: the checks waiting share one indexed query (`token IN (...)`, status running). A check
+  joins the next query, never one already running (that query's snapshot may predate the call), so
+  under load each call costs a fraction of a query;
+- no thread hop on Postgres: the query runs on an async psycopg connection in the proxy's own event
+  loop, kept open. Handing each check to a thread and back cost more than the query on a busy machine
+  (every hand-off waits for the GIL and the scheduler). Other databases (SQLite, embedded) are queried
+  on one dedicated thread that keeps its Django connection.
+The upstream API key is cached per secret reference for KEY_CACHE_S, as reading it may mean reading a file.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
-from typing import Any
+from typing import Any, Protocol
 
+import psycopg
 from django.db import InterfaceError, OperationalError, connection, models
 
 from webapp.proxy.app import Target
@@ -33,7 +38,16 @@ log = logging.getLogger("trove.proxy")
 
 KEY_CACHE_S = 60.0
 QUERY_TIMEOUT_S = 10.0  # past this the calls waiting get 503 rather than hang with a stuck database
+CONNECT_TIMEOUT_S = 5
 _Answer = Target | None | Exception
+Row = tuple[str, int, int, str, str]  # token, rollout id, trajectory id, upstream base URL, key reference
+
+
+class Lookup(Protocol):
+    async def rows(self, tokens: list[str]) -> list[Row]:
+        """The running rollouts (with a trajectory) among `tokens`. Raises when the database cannot say."""
+
+    async def close(self) -> None: ...
 
 
 class TokenResolver:
@@ -42,13 +56,18 @@ class TokenResolver:
     -> the Target, looked up now. All raise when the database cannot answer (the proxy answers 503).
 
     One instance per proxy app (it lives in the app's event loop); `aclose` on the app's cleanup releases
-    its connection.
+    its connection. `lookup` defaults to `default_lookup()`.
     """
 
     def __init__(
-        self, *, key_cache_s: float = KEY_CACHE_S, query_timeout_s: float = QUERY_TIMEOUT_S, max_cached: int = 10_000
+        self,
+        *,
+        lookup: Lookup | None = None,
+        key_cache_s: float = KEY_CACHE_S,
+        query_timeout_s: float = QUERY_TIMEOUT_S,
+        max_cached: int = 10_000,
     ) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trove-proxy-tokens")
+        self._lookup = lookup or default_lookup()
         self._keys = _KeyCache(ttl_s=key_cache_s)
         self._query_timeout_s = query_timeout_s
         self._waiting: dict[str, list[asyncio.Future[_Answer]]] = {}
@@ -74,6 +93,10 @@ class TokenResolver:
             self._targets_by_token[token] = target
         return target
 
+    async def aclose(self, app: Any = None) -> None:
+        """Release the lookup's database connection (an aiohttp on_cleanup)."""
+        await self._lookup.close()
+
     async def _looked_up(self, token: str) -> Target | None:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[_Answer] = loop.create_future()
@@ -85,18 +108,11 @@ class TokenResolver:
             raise answer
         return answer
 
-    async def aclose(self, app: Any = None) -> None:
-        """Close the lookup thread's database connection and stop the thread (an aiohttp on_cleanup)."""
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, _close_connection)
-        self._executor.shutdown(wait=False)
-
     async def _run_rounds(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
             while self._waiting:
                 batch, self._waiting = self._waiting, {}
-                answers = await self._answers(loop, list(batch))
+                answers = await self._answers(list(batch))
                 for token, futures in batch.items():
                     answer = answers.get(token)
                     for future in futures:
@@ -105,18 +121,14 @@ class TokenResolver:
         finally:
             self._rounds = None
 
-    async def _answers(self, loop: asyncio.AbstractEventLoop, tokens: list[str]) -> dict[str, _Answer]:
+    async def _answers(self, tokens: list[str]) -> dict[str, _Answer]:
         self.queries += 1
         try:
-            lookup = loop.run_in_executor(self._executor, self._targets, tokens)
-            return await asyncio.wait_for(lookup, self._query_timeout_s)
+            rows = await asyncio.wait_for(self._lookup.rows(tokens), self._query_timeout_s)
         except Exception as exc:  # every waiting call learns the database could not answer
             log.warning("rollout token lookup failed: %r", exc)
             return {token: exc for token in tokens}
-
-    def _targets(self, tokens: list[str]) -> dict[str, _Answer]:
-        """On the lookup thread: the running rollouts among `tokens`, as targets."""
-        return {row[0]: self._target(*row) for row in _with_reconnect(_running_rollouts, tokens)}
+        return {row[0]: self._target(*row) for row in rows}
 
     def _target(self, token: str, rollout_id: int, trajectory_id: int, base_url: str, key_ref: str) -> _Answer:
         try:
@@ -128,19 +140,90 @@ class TokenResolver:
                       upstream_base_url=base_url, upstream_api_key=key, model_override=None)
 
 
+def default_lookup() -> Lookup:
+    return PostgresLookup() if connection.vendor == "postgresql" else ThreadLookup()
+
+
+class PostgresLookup:
+    """Queries on one async psycopg connection in the caller's event loop, opened on first use, kept
+    open, and replaced once if the database dropped it (a restart, an idle timeout)."""
+
+    def __init__(self) -> None:
+        self._params = _psycopg_params(connection.settings_dict)
+        self._connection: psycopg.AsyncConnection[Any] | None = None
+
+    async def rows(self, tokens: list[str]) -> list[Row]:
+        for attempt in (1, 2):
+            try:
+                return await self._query(tokens)
+            except psycopg.OperationalError:
+                await self.close()
+                if attempt == 2:
+                    raise
+            except BaseException:  # cancelled (timed out) mid-query: the connection's state is unknown
+                await self.close()
+                raise
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            held, self._connection = self._connection, None
+            await held.close()
+
+    async def _query(self, tokens: list[str]) -> list[Row]:
+        if self._connection is None or self._connection.closed:
+            self._connection = await psycopg.AsyncConnection.connect(**self._params, autocommit=True)
+        cursor = await self._connection.execute(_running_rollouts_sql(len(tokens)),
+                                                [Rollout.Status.RUNNING, *tokens])
+        return await cursor.fetchall()
+
+
+def _psycopg_params(settings_dict: dict[str, Any]) -> dict[str, Any]:
+    # Django's own connection parameters carry its cursor classes and adapters: build plain libpq ones.
+    django_only = {"isolation_level", "server_side_binding", "assume_role", "pool"}
+    params = {"dbname": settings_dict["NAME"], "user": settings_dict["USER"], "password": settings_dict["PASSWORD"],
+              "host": settings_dict["HOST"], "port": settings_dict["PORT"], "connect_timeout": CONNECT_TIMEOUT_S}
+    params.update({key: value for key, value in settings_dict.get("OPTIONS", {}).items() if key not in django_only})
+    return {key: value for key, value in params.items() if value not in ("", None)}
+
+
+class ThreadLookup:
+    """Queries on one dedicated thread that keeps its Django connection (for databases without an async
+    driver here: SQLite in the embedded default)."""
+
+    def __init__(self) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trove-proxy-tokens")
+
+    async def rows(self, tokens: list[str]) -> list[Row]:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, _rows_with_reconnect, tokens)
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._executor, _close_connection)
+        self._executor.shutdown(wait=False)
+
+
 def _close_connection() -> None:
     connection.close()  # `connection` is per thread: this must run on the thread that owns it
 
 
-def _running_rollouts(tokens: list[str]) -> list[tuple[str, int, int, str, str]]:
-    # Plain SQL: on this hot path the ORM's query building cost several times the query itself.
-    with connection.cursor() as cursor:
-        cursor.execute(_running_rollouts_sql(len(tokens)), [Rollout.Status.RUNNING, *tokens])
-        return cursor.fetchall()
+def _rows_with_reconnect(tokens: list[str]) -> list[Row]:
+    # The lookup thread keeps its connection between queries. One the database dropped fails the first
+    # query after; reconnect once before giving up.
+    for attempt in (1, 2):
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(_running_rollouts_sql(len(tokens)), [Rollout.Status.RUNNING, *tokens])
+                return cursor.fetchall()
+        except (OperationalError, InterfaceError):
+            connection.close()
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 @cache
 def _running_rollouts_sql(count: int) -> str:
+    # Plain SQL: on this hot path the ORM's query building cost several times the query itself.
     q = connection.ops.quote_name
 
     def r(name: str) -> str:
@@ -161,21 +244,8 @@ def _column(model: type[models.Model], name: str) -> str:
     return field.column
 
 
-def _with_reconnect(query, *args):
-    # The lookup thread keeps its connection between queries. One the database dropped (a restart, an
-    # idle timeout) fails the first query after; reconnect once before giving up.
-    for attempt in (1, 2):
-        try:
-            return query(*args)
-        except (OperationalError, InterfaceError):
-            connection.close()
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
 class _KeyCache:
-    """Secret reference -> key, kept `ttl_s` (a rotated key is picked up within that). Lookup thread only."""
+    """Secret reference -> key, kept `ttl_s` (a rotated key is picked up within that)."""
 
     def __init__(self, *, ttl_s: float) -> None:
         self._ttl_s = ttl_s

@@ -46,14 +46,17 @@ ABANDONED_CONSUMER_MS = 10 * 60 * 1000
 TOKEN_RESOLVER = web.AppKey("trove_token_resolver", TokenResolver)
 
 
-def make_trove_proxy_app(*, sink: RecordSink | None = None, **app_options: Any):
+def make_trove_proxy_app(
+    *, sink: RecordSink | None = None, resolver: TokenResolver | None = None, **app_options: Any
+):
     """The proxy app wired to this Trove: tokens checked in the database, records into the store.
 
     Returns (app, sink). Without `sink`: a `RedisStreamSink` on the full stack (REDIS_URL set), else an
     `InProcessSink` writing straight to the database. `app_options` go to `make_proxy_app`
-    (upstream_timeout, connector_limit, ...). The caller closes the sink after the app has stopped.
+    (upstream_timeout, connector_limit, ...). The caller closes the sink after the app has stopped; the
+    app closes its resolver's connection on cleanup.
     """
-    resolver = TokenResolver()
+    resolver = resolver or TokenResolver()
     sink = sink or default_sink()
     app = make_proxy_app(resolve=resolver.resolve, confirm=resolver.confirm, sink=sink, **app_options)
     app[TOKEN_RESOLVER] = resolver

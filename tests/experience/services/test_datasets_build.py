@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -358,3 +359,29 @@ def test_compare_reports_runs_tasks_and_spec_changes():
     assert diff["same_content"] is False and diff["spec_changes"] == {}
     assert diff["runs"] == {"added": 4, "removed": 0, "kept": 12}
     assert diff["tasks"]["added"] == ["task-new"] and diff["rows"]["delta"] == 18
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outside_a_transaction_the_next_batch_is_fetched_ahead_on_its_own_connection_with_the_same_runs(
+    monkeypatch,
+):
+    monkeypatch.setattr(dataset_source, "RUN_BATCH", 2)
+    store_tasks(TASKS[:3], good=1, bad=2)
+    canonical = store_run("task-00")
+    store_run("task-00", duplicate_of=canonical)
+    spec = DatasetSpec(kind="value")
+    fetch_threads: set[str] = set()
+    real_fetch = dataset_source._fetch
+
+    def watched(ids):
+        fetch_threads.add(threading.current_thread().name)
+        return real_fetch(ids)
+
+    monkeypatch.setattr(dataset_source, "_fetch", watched)
+    ahead = [(r.row_id, r.step_ids, r.content_hash, r.record) for r in dataset_source.source_runs(spec)]
+    monkeypatch.setattr(dataset_source, "PREFETCH", False)
+    in_line = [(r.row_id, r.step_ids, r.content_hash, r.record) for r in dataset_source.source_runs(spec)]
+
+    assert len(ahead) == 11 and ahead == in_line
+    assert any(name.startswith("dataset-fetch") for name in fetch_threads)
+    assert threading.current_thread().name in fetch_threads, "the in-line pass fetched on this thread"

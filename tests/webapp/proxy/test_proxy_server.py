@@ -1,8 +1,7 @@
-"""Serving the proxy from a background thread, on TCP and on a Unix socket; the resolver cache."""
+"""Serving the proxy from a background thread, on TCP and on a Unix socket."""
 
 from __future__ import annotations
 
-import asyncio
 import socket
 
 import pytest
@@ -11,7 +10,6 @@ from tests.webapp.proxy.harness import UpstreamState, send
 from webapp.proxy.app import Target, make_proxy_app
 from webapp.proxy.recorder import InProcessSink
 from webapp.proxy.records import CallRecord
-from webapp.proxy.resolve import cached_resolver
 from webapp.proxy.server import serve_in_thread
 
 
@@ -51,19 +49,3 @@ def test_a_port_in_use_is_reported_by_serve_in_thread():
             serve_in_thread(make_proxy_app(resolve=resolve, sink=sink), port=port)
         sink.close()
 
-
-def test_the_cached_resolver_looks_a_token_up_once_within_its_ttl():
-    lookups: list[str] = []
-    target = Target("r", "t", "http://upstream/v1")
-
-    async def resolve(token: str) -> Target | None:
-        lookups.append(token)
-        return target if token == "known" else None
-
-    cached = cached_resolver(resolve, ttl_s=60, miss_ttl_s=60)
-
-    async def run() -> list[Target | None]:
-        return [await cached(token) for token in ("known", "known", "unknown", "unknown")]
-
-    assert asyncio.run(run()) == [target, target, None, None]
-    assert lookups == ["known", "unknown"]

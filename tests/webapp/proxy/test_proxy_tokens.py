@@ -16,6 +16,7 @@ from tests.webapp.proxy.harness import PROXY_TIMEOUT_S, UpstreamState, new_call_
 from tests.webapp.proxy.rollouts import finish, running_rollout
 from webapp.proxy.recorder import InProcessSink
 from webapp.proxy.server import ProxyServer, serve_in_thread
+from webapp.proxy.tokens import PostgresLookup, ThreadLookup, TokenResolver
 from webapp.proxy.wiring import TOKEN_RESOLVER, make_trove_proxy_app
 from webapp.rollouts.models import Rollout
 
@@ -23,11 +24,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 BODY = {"model": "scripted-ok", "messages": [{"role": "user", "content": "List the files."}]}
 
 
-@pytest.fixture
-def trove_proxy(settings, tmp_path) -> Iterator[tuple[ProxyServer, InProcessSink]]:
+@pytest.fixture(params=[PostgresLookup, ThreadLookup], ids=["in-loop", "on-a-thread"])
+def trove_proxy(request, settings, tmp_path) -> Iterator[tuple[ProxyServer, InProcessSink]]:
+    """The Trove-wired proxy, its tokens looked up both ways (on the event loop: Postgres; on a thread:
+    the way SQLite is)."""
     settings.REDIS_URL = None  # the embedded default: the proxy writes to the database itself
     settings.TROVE_PROXY_SPOOL_DIR = tmp_path / "spool"
-    app, sink = make_trove_proxy_app(upstream_timeout=PROXY_TIMEOUT_S)
+    resolver = TokenResolver(lookup=request.param())
+    app, sink = make_trove_proxy_app(resolver=resolver, upstream_timeout=PROXY_TIMEOUT_S)
     assert isinstance(sink, InProcessSink)
     server = serve_in_thread(app, shutdown_timeout=0.5)
     server.app = app  # type: ignore[attr-defined]
