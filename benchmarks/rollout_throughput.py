@@ -1,7 +1,7 @@
 """Rollout throughput end to end on the full stack, and Trove's own overhead per rollout.
 
     DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python benchmarks/rollout_throughput.py \
-        [--rollouts 200] [--workers 2] [--concurrency 2] [--query-sample 3]
+        [--rollouts 200] [--workers 2] [--concurrency 1] [--query-sample 3] [--keep-db]
 
 What runs: a scratch Postgres database (created for the run, dropped after), Redis as the Celery broker and
 the proxy's record stream, `--workers` real `celery worker` processes (threads pool, `--concurrency` slots
@@ -61,8 +61,9 @@ TASKS = 10
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rollouts", type=int, default=200)
+    # One slot per core (the sandboxes' commands are CPU work): 2 worker processes of 1 slot on a 2-core box.
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--query-sample", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--keep-db", action="store_true", help="keep the scratch database to look at afterwards")

@@ -12,7 +12,9 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--
          "--disable-sync", "--no-first-run", "--disable-quic"]
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: while Playwright's sync API runs it holds an event loop on the main thread, and
+# tests after it that use asyncio (the proxy's) would find a loop already running.
+@pytest.fixture(scope="module")
 def browser():
     if not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM):
         pytest.fail(f"Chromium not found at {CHROMIUM}: `apt-get install chromium` (.ci/run does)")
