@@ -133,7 +133,8 @@ class Step(models.Model):
     tokens_out = models.PositiveIntegerField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     is_error = models.BooleanField(default=False)
-    call_id = models.CharField(max_length=100, null=True, blank=True)
+    # NULL, not "": steps without a call id must not collide in the conditional unique constraint below.
+    call_id = models.CharField(max_length=100, null=True, blank=True)  # noqa: DJ001
     preview = models.TextField(blank=True, help_text="a short text preview (first few hundred chars)")
     payload = models.JSONField(default=dict, blank=True)
     blob_refs = models.JSONField(default=dict, blank=True, help_text="role -> sha256 or [sha256, ...]")
@@ -193,6 +194,9 @@ class CurationEvent(models.Model):
         ordering = ["-id"]
         indexes = [models.Index(fields=["action"], name="curationevent_action_idx")]  # the admin's list filter
 
+    def __str__(self) -> str:
+        return f"{self.action} on trajectory {self.trajectory_id}"
+
 
 class DedupCluster(models.Model):
     """A group of runs that are exact or near duplicates of each other; one of them is canonical."""
@@ -212,6 +216,9 @@ class DedupCluster(models.Model):
     class Meta:
         ordering = ["-id"]
 
+    def __str__(self) -> str:
+        return f"cluster {self.pk} ({self.method}, {self.size} runs)"
+
 
 class TrajectoryEmbedding(models.Model):
     """The dedup signature's embedding, stored in the database; the FAISS index is a rebuildable cache of
@@ -229,6 +236,9 @@ class TrajectoryEmbedding(models.Model):
             models.UniqueConstraint(fields=["trajectory", "embedder"], name="embedding_unique_per_embedder"),
         ]
 
+    def __str__(self) -> str:
+        return f"{self.embedder} embedding of trajectory {self.trajectory_id}"
+
 
 class Label(models.Model):
     """A label on a run or one of its steps: process-rubric detectors, curators, value models."""
@@ -243,6 +253,9 @@ class Label(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["trajectory", "name"])]
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.value}"
 
 
 class Dataset(models.Model):
