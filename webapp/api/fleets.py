@@ -16,6 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from webapp.api.paging import cursor_page
 from webapp.fleets import selectors, services
 from webapp.fleets.models import EnvironmentTemplate, Fleet, Sandbox, SandboxEvent
 
@@ -188,9 +189,7 @@ class Newest(CursorPagination):
 class TemplateListApi(APIView):
     @extend_schema(responses=TemplateSerializer(many=True), operation_id="templates_list")
     def get(self, request: Request) -> Response:
-        paginator = ByName()
-        page = paginator.paginate_queryset(selectors.template_list(), request, view=self)
-        return paginator.get_paginated_response(TemplateSerializer(page, many=True).data)
+        return cursor_page(self, request, selectors.template_list(), pagination=ByName, serializer=TemplateSerializer)
 
     @extend_schema(request=TemplateInputSerializer, responses={201: TemplateSerializer}, operation_id="templates_create")
     def post(self, request: Request) -> Response:
@@ -214,9 +213,7 @@ class TemplateDetailApi(APIView):
 class FleetListApi(APIView):
     @extend_schema(responses=FleetSerializer(many=True), operation_id="fleets_list")
     def get(self, request: Request) -> Response:
-        paginator = ByName()
-        page = paginator.paginate_queryset(selectors.fleet_list(), request, view=self)
-        return paginator.get_paginated_response(FleetSerializer(page, many=True).data)
+        return cursor_page(self, request, selectors.fleet_list(), pagination=ByName, serializer=FleetSerializer)
 
     @extend_schema(request=FleetInputSerializer, responses={201: FleetSerializer}, operation_id="fleets_create")
     def post(self, request: Request) -> Response:
@@ -285,9 +282,7 @@ class SandboxListApi(APIView):
         given = query.validated_data
         sandboxes = selectors.sandbox_list(fleet_id=given.get("fleet"), states=given.get("state"),
                                            holder=given.get("holder", ""), live=given["live"])
-        paginator = Newest()
-        page = paginator.paginate_queryset(sandboxes, request, view=self)
-        return paginator.get_paginated_response(SandboxSerializer(page, many=True).data)
+        return cursor_page(self, request, sandboxes, pagination=Newest, serializer=SandboxSerializer)
 
 
 class SandboxDetailApi(APIView):

@@ -17,6 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from experience.errors import Conflict
+from webapp.api.paging import cursor_page
 from webapp.dashboard.live import JobLiveApi
 from webapp.rollouts import selectors, services
 from webapp.rollouts.models import Rollout, RolloutJob, TaskSet
@@ -212,9 +213,8 @@ class TaskSetPagination(CursorPagination):
 class JobListApi(APIView):
     @extend_schema(responses=JobListItemSerializer(many=True), operation_id="jobs_list")
     def get(self, request: Request) -> Response:
-        paginator = JobPagination()
-        page = paginator.paginate_queryset(selectors.job_list(), request, view=self)
-        return paginator.get_paginated_response(JobListItemSerializer(page, many=True, context={"request": request}).data)
+        return cursor_page(self, request, selectors.job_list(), pagination=JobPagination,
+                           serializer=JobListItemSerializer, context={"request": request})
 
     @extend_schema(request=JobSubmitSerializer, responses={201: JobDetailSerializer}, operation_id="jobs_submit")
     def post(self, request: Request) -> Response:
@@ -290,9 +290,8 @@ class TaskSetListApi(APIView):
 
     @extend_schema(responses=TaskSetSerializer(many=True), operation_id="task_sets_list")
     def get(self, request: Request) -> Response:
-        paginator = TaskSetPagination()
-        page = paginator.paginate_queryset(selectors.taskset_list(), request, view=self)
-        return paginator.get_paginated_response(TaskSetSerializer(page, many=True).data)
+        return cursor_page(self, request, selectors.taskset_list(), pagination=TaskSetPagination,
+                           serializer=TaskSetSerializer)
 
     @extend_schema(request=TaskSetUploadSerializer, responses={201: TaskSetSerializer}, operation_id="task_sets_upload")
     def post(self, request: Request) -> Response:
