@@ -167,22 +167,12 @@ def _step_matches(q: str) -> Any:
     return steps.values("trajectory_id")
 
 
-# --- HOOK: "similar runs" -------------------------------------------------------------------------------------
-# Filled by the dedup integration: `experience.services.dedup.similar_runs(trajectory_id=..., limit=...)`,
-# returning the runs nearest to one run by signature embedding, best first (ids, Trajectory rows,
-# (id, score) pairs or objects with `trajectory_id`). Until that function exists, `similar=` answers a
-# 400 that says so. Everything else (the explorer's "similar runs" link, the API's `similar` parameter)
-# already routes here.
 def similar_ids(*, trajectory_id: int, limit: int = SIMILAR_LIMIT) -> list[int]:
     """Ids of the runs most similar to `trajectory_id`, best first (the dedup service's answer)."""
-    try:
-        from experience.services import dedup  # type: ignore[attr-defined]
-    except ImportError:
-        dedup = None
-    finder = getattr(dedup, "similar_runs", None)
-    if finder is None:
-        raise ValidationError("similar: similar-run search is not available yet", field="similar")
-    return [_id_of(item) for item in finder(trajectory_id=trajectory_id, limit=limit)]
+    # Imported here: the dedup service reads runs through this module's selectors.
+    from experience.services.dedup import similar_runs
+
+    return [_id_of(item) for item in similar_runs(trajectory_id=trajectory_id, limit=limit)]
 
 
 def trajectory_similar(*, filters: TrajectoryFilters) -> list[Trajectory]:

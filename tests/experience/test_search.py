@@ -152,21 +152,6 @@ def test_filters_survive_a_round_trip_through_query_parameters():
     assert filters.status == ("completed", "failed") and filters.tags == ("a", "b")
 
 
-def test_similar_runs_say_so_until_the_dedup_service_provides_them():
-    (pk,) = stored(RunFactory())
-    try:
-        from experience.services import dedup
-    except ImportError:
-        dedup = None
-    if getattr(dedup, "similar_runs", None) is not None:
-        pytest.skip("the dedup service provides similar_runs: its own tests cover it")
-
-    with pytest.raises(ValidationError) as caught:
-        list(trajectory_search(filters=TrajectoryFilters(similar=pk)))
-
-    assert caught.value.field == "similar"
-
-
 def test_similar_runs_come_most_similar_first_through_the_hook(monkeypatch):
     # Pins the hook's contract for the dedup service (written separately): similar_runs(trajectory_id=,
     # limit=) returns runs best first, as ids, rows, (id, score) pairs or objects with trajectory_id.
