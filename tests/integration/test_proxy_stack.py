@@ -247,3 +247,17 @@ def wait_until(condition, *, what: str, timeout: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
+
+
+def test_the_scheduled_ingest_removes_consumers_a_killed_worker_left_holding_nothing(full_stack, monkeypatch):
+    from webapp.proxy import wiring
+
+    stream = proxy_stream()
+    full_stack.xgroup_create(stream, INGEST_GROUP, id="0", mkstream=True)
+    full_stack.xgroup_createconsumer(stream, INGEST_GROUP, "ingest:killed-worker")  # its entries claimed since
+    monkeypatch.setattr(wiring, "ABANDONED_CONSUMER_MS", 0)
+
+    report = ingest_proxy_records(max_seconds=1)
+
+    assert report["pruned_consumers"] == 1
+    assert full_stack.xinfo_consumers(stream, INGEST_GROUP) == []
