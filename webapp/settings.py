@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "webapp.rollouts",
     "webapp.dashboard",
     "webapp.api",
+    "webapp.access",
     "workers",
 ]
 
@@ -200,10 +201,15 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = TROVE_MAX_BODY_BYTES
 # --- REST API ---------------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        # Scoped tokens (trv_…) first: the plain DRF token authenticator would refuse their keys.
+        "webapp.access.authentication.ScopedTokenAuthentication",
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAuthenticated",
+        "webapp.access.permissions.TokenScopes",
+    ],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "webapp.api.exception_handlers.trove_exception_handler",

@@ -134,6 +134,7 @@ class DatasetPagination(CursorPagination):
 
 
 class DatasetListApi(APIView):
+    scope_area = "datasets"
     @extend_schema(responses=DatasetListItemSerializer(many=True), operation_id="datasets_list")
     def get(self, request: Request) -> Response:
         paginator = DatasetPagination()
@@ -156,6 +157,7 @@ class DatasetListApi(APIView):
 
 
 class DatasetDetailApi(APIView):
+    scope_area = "datasets"
     @extend_schema(responses=DatasetDetailSerializer, operation_id="datasets_detail")
     def get(self, request: Request, ref: str) -> Response:
         dataset = datasets.dataset_get(ref=ref)
@@ -163,6 +165,7 @@ class DatasetDetailApi(APIView):
 
 
 class VersionListApi(APIView):
+    scope_area = "datasets"
     @extend_schema(request=None, responses={202: VersionSerializer}, operation_id="dataset_versions_build")
     def post(self, request: Request, ref: str) -> Response:
         """Build a new version from the dataset's spec as it is now. Poll the version's `url`."""
@@ -172,6 +175,7 @@ class VersionListApi(APIView):
 
 
 class VersionDetailApi(APIView):
+    scope_area = "datasets"
     @extend_schema(responses=VersionDetailSerializer, operation_id="dataset_versions_detail")
     def get(self, request: Request, ref: str, version: int) -> Response:
         found = datasets.dataset_version_get(dataset=datasets.dataset_get(ref=ref), version=version)
@@ -179,6 +183,7 @@ class VersionDetailApi(APIView):
 
 
 class VersionFileApi(APIView):
+    scope_area = "datasets"
     @extend_schema(responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY)},
                    operation_id="dataset_versions_file")  # fmt: skip
     def get(self, request: Request, ref: str, version: int, name: str) -> FileResponse:
@@ -193,6 +198,7 @@ class VersionFileApi(APIView):
 
 
 class VersionCompareApi(APIView):
+    scope_area = "datasets"
     @extend_schema(parameters=[CompareQuerySerializer], responses=OpenApiTypes.OBJECT, operation_id="dataset_versions_compare")
     def get(self, request: Request) -> Response:
         query = CompareQuerySerializer(data=request.query_params)

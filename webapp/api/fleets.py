@@ -187,6 +187,7 @@ class Newest(CursorPagination):
 # --- views ---------------------------------------------------------------------------------------------
 
 class TemplateListApi(APIView):
+    scope_area = "fleets"
     @extend_schema(responses=TemplateSerializer(many=True), operation_id="templates_list")
     def get(self, request: Request) -> Response:
         return cursor_page(self, request, selectors.template_list(), pagination=ByName, serializer=TemplateSerializer)
@@ -205,12 +206,14 @@ class TemplateListApi(APIView):
 
 
 class TemplateDetailApi(APIView):
+    scope_area = "fleets"
     @extend_schema(responses=TemplateSerializer, operation_id="templates_get")
     def get(self, request: Request, template_id: int) -> Response:
         return Response(TemplateSerializer(selectors.template_get(template_id=template_id)).data)
 
 
 class FleetListApi(APIView):
+    scope_area = "fleets"
     @extend_schema(responses=FleetSerializer(many=True), operation_id="fleets_list")
     def get(self, request: Request) -> Response:
         return cursor_page(self, request, selectors.fleet_list(), pagination=ByName, serializer=FleetSerializer)
@@ -227,12 +230,14 @@ class FleetListApi(APIView):
 
 
 class FleetDetailApi(APIView):
+    scope_area = "fleets"
     @extend_schema(responses=FleetSerializer, operation_id="fleets_get")
     def get(self, request: Request, fleet_id: int) -> Response:
         return Response(FleetSerializer(selectors.fleet_get(fleet_id=fleet_id)).data)
 
 
 class FleetScaleApi(APIView):
+    scope_area = "fleets"
     @extend_schema(request=FleetScaleSerializer, responses=FleetSerializer, operation_id="fleets_scale")
     def post(self, request: Request, fleet_id: int) -> Response:
         """Set sizes; also resumes a drained or held fleet."""
@@ -244,6 +249,7 @@ class FleetScaleApi(APIView):
 
 
 class FleetDrainApi(APIView):
+    scope_area = "fleets"
     @extend_schema(request=None, responses=FleetSerializer, operation_id="fleets_drain")
     def post(self, request: Request, fleet_id: int) -> Response:
         """Stop the warm pool and new creates; leased sandboxes finish. Undo with scale."""
@@ -252,6 +258,7 @@ class FleetDrainApi(APIView):
 
 
 class FleetTemplateApi(APIView):
+    scope_area = "fleets"
     @extend_schema(request=FleetTemplateSerializer, responses=FleetSerializer, operation_id="fleets_set_template")
     def post(self, request: Request, fleet_id: int) -> Response:
         """Move the fleet to another template version; warm sandboxes are replaced in a rolling way."""
@@ -263,6 +270,7 @@ class FleetTemplateApi(APIView):
 
 
 class FleetEventsApi(APIView):
+    scope_area = "fleets"
     @extend_schema(parameters=[EventQuerySerializer], responses=EventPageSerializer, operation_id="fleets_events")
     def get(self, request: Request, fleet_id: int) -> Response:
         """The fleet's event log, newest first; page back with ?before=<next_before>."""
@@ -274,6 +282,7 @@ class FleetEventsApi(APIView):
 
 
 class SandboxListApi(APIView):
+    scope_area = "fleets"
     @extend_schema(parameters=[SandboxQuerySerializer], responses=SandboxSerializer(many=True),
                    operation_id="sandboxes_list")
     def get(self, request: Request) -> Response:
@@ -286,6 +295,7 @@ class SandboxListApi(APIView):
 
 
 class SandboxDetailApi(APIView):
+    scope_area = "fleets"
     @extend_schema(responses=SandboxDetailSerializer, operation_id="sandboxes_get")
     def get(self, request: Request, sandbox_id: int) -> Response:
         sandbox = selectors.sandbox_get(sandbox_id=sandbox_id)

@@ -211,6 +211,7 @@ class TaskSetPagination(CursorPagination):
 # --- views ---------------------------------------------------------------------------------------------
 
 class JobListApi(APIView):
+    scope_area = "jobs"
     @extend_schema(responses=JobListItemSerializer(many=True), operation_id="jobs_list")
     def get(self, request: Request) -> Response:
         return cursor_page(self, request, selectors.job_list(), pagination=JobPagination,
@@ -228,6 +229,7 @@ class JobListApi(APIView):
 
 
 class JobDetailApi(APIView):
+    scope_area = "jobs"
     @extend_schema(responses=JobDetailSerializer, operation_id="jobs_status")
     def get(self, request: Request, job_id: int) -> Response:
         job = selectors.job_detail(job_id=job_id)
@@ -235,6 +237,7 @@ class JobDetailApi(APIView):
 
 
 class JobRolloutsApi(APIView):
+    scope_area = "jobs"
     @extend_schema(parameters=[RolloutPageQuerySerializer], responses=RolloutPageSerializer, operation_id="jobs_rollouts")
     def get(self, request: Request, job_id: int) -> Response:
         """Finished rollouts in the order they finished, after the cursor `after`. Poll with `next_cursor`."""
@@ -256,6 +259,7 @@ class JobRolloutsApi(APIView):
 
 
 class JobCancelApi(APIView):
+    scope_area = "jobs"
     @extend_schema(request=None, responses=CancelOutputSerializer, operation_id="jobs_cancel")
     def post(self, request: Request, job_id: int) -> Response:
         job = selectors.job_get(job_id=job_id)
@@ -264,6 +268,7 @@ class JobCancelApi(APIView):
 
 
 class JobRerunFailedApi(APIView):
+    scope_area = "jobs"
     @extend_schema(request=RerunInputSerializer, responses={201: RerunOutputSerializer}, operation_id="jobs_rerun_failed")
     def post(self, request: Request, job_id: int) -> Response:
         """Re-run the job's failed and infra_error samples (or only `statuses`) as new samples of the same job."""
@@ -277,6 +282,7 @@ class JobRerunFailedApi(APIView):
 
 
 class RolloutCancelApi(APIView):
+    scope_area = "jobs"
     @extend_schema(request=None, responses=RolloutSerializer, operation_id="rollouts_cancel")
     def post(self, request: Request, rollout_id: int) -> Response:
         rollout = selectors.rollout_get(rollout_id=rollout_id)
@@ -286,6 +292,7 @@ class RolloutCancelApi(APIView):
 
 
 class TaskSetListApi(APIView):
+    scope_area = "jobs"
     parser_classes = [MultiPartParser, FormParser, JSONParser]
 
     @extend_schema(responses=TaskSetSerializer(many=True), operation_id="task_sets_list")

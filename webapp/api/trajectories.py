@@ -313,6 +313,7 @@ class IgnoreClientContentNegotiation(BaseContentNegotiation):
 
 
 class TrajectoryListApi(generics.ListAPIView):
+    scope_area = "trajectories"
     serializer_class = TrajectorySerializer
     filterset_class = TrajectoryFilterSet
     pagination_class = TrajectoryPagination
@@ -363,6 +364,7 @@ def _steps_url(request: Request, trajectory_id: int, after: int, limit: int, con
 
 
 class TrajectoryDetailApi(APIView):
+    scope_area = "trajectories"
     @extend_schema(parameters=[StepsQuerySerializer], responses=TrajectoryDetailSerializer,
                    operation_id="trajectories_get")
     def get(self, request: Request, trajectory_id: int) -> Response:
@@ -378,6 +380,7 @@ class TrajectoryDetailApi(APIView):
 
 
 class TrajectoryStepsApi(APIView):
+    scope_area = "trajectories"
     parser_classes = [JSONParser]
 
     @extend_schema(parameters=[StepsQuerySerializer], responses=OpenApiTypes.OBJECT, operation_id="trajectories_steps")
@@ -405,6 +408,7 @@ class TrajectoryStepsApi(APIView):
 
 
 class TrajectoryImportApi(APIView):
+    scope_area = "trajectories"
     parser_classes = [MultiPartParser, FormParser]
 
     @extend_schema(request=ImportInputSerializer, responses=OpenApiTypes.OBJECT, operation_id="trajectories_import")
@@ -434,6 +438,7 @@ def _single(data: Any, name: str) -> dict[str, Any]:
 
 
 class TrajectoryExportApi(APIView):
+    scope_area = "trajectories"
     content_negotiation_class = IgnoreClientContentNegotiation
 
     @extend_schema(
@@ -450,6 +455,8 @@ class TrajectoryExportApi(APIView):
 
 
 class TrajectoryCurateApi(APIView):
+    scope_area = "trajectories"
+    required_scopes = {"POST": "trajectories:curate"}
     parser_classes = [JSONParser]
 
     @extend_schema(request=CurateInputSerializer, responses=CurationResultSerializer, operation_id="trajectories_curate")
@@ -473,6 +480,7 @@ class SimilarQuerySerializer(serializers.Serializer):
 
 
 class TrajectorySimilarApi(APIView):
+    scope_area = "trajectories"
     @extend_schema(parameters=[SimilarQuerySerializer], responses=OpenApiTypes.OBJECT, operation_id="trajectories_similar")
     def get(self, request: Request, trajectory_id: int) -> Response:
         """The runs most similar to this one by signature embedding, best first, each with its cosine `score`."""

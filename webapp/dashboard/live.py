@@ -76,6 +76,7 @@ def _grid(rows: list[tuple], tasks: dict[int, tuple[str, str]]) -> list[dict]:
 
 
 class JobLiveApi(APIView):
+    scope_area = "jobs"
     @extend_schema(responses=OpenApiTypes.OBJECT, operation_id="jobs_live")
     def get(self, request: Request, job_id: int) -> Response:
         """A snapshot of the job for its dashboard page (polled every 2 s)."""
