@@ -21,7 +21,7 @@ from experience.distill.schemas import schema_for_kind
 from experience.distill.source import SourceRun
 from experience.distill.spec import DatasetSpec
 from experience.distill.values import outcome_rows, value_rows
-from experience.distill.writers import JsonlGzWriter, ParquetRowWriter, WriteResult
+from experience.distill.writers import JsonlGzWriter, ParquetRowWriter, RowEncoder, WriteResult
 
 Row = dict[str, Any]
 FORMATS = ("jsonl", "parquet")
@@ -51,12 +51,16 @@ class _SplitFiles:
         self._row_group_rows = row_group_rows
         self._writers: dict[str, list[JsonlGzWriter | ParquetRowWriter]] = {}
 
-    def write(self, row: Mapping[str, Any]) -> None:
+    def write(self, row: Mapping[str, Any], line: bytes) -> None:
+        """A row and its canonical JSON (the JSONL line, without the newline)."""
         split = str(row["split"])
         if split not in self._writers:
             self._writers[split] = [self._open(split, fmt) for fmt in self._formats]
         for writer in self._writers[split]:
-            writer.write(row)
+            if isinstance(writer, JsonlGzWriter):
+                writer.write_line(line)
+            else:
+                writer.write(row)
 
     def _open(self, split: str, fmt: str) -> JsonlGzWriter | ParquetRowWriter:
         if fmt == "jsonl":
@@ -88,9 +92,13 @@ def distill(
     directory.mkdir(parents=True, exist_ok=True)
     builder = ManifestBuilder(spec, label_versions=label_versions, curation_version=curation_version)
     files = _SplitFiles(directory, spec, formats, row_group_rows)
+    encoder = RowEncoder()
     try:
-        for row in builder.wrap(rows_for(builder.track(runs), spec)):
-            files.write(row)
+        for row in rows_for(builder.track(runs), spec):
+            # One encoding per row: the JSONL line is what the manifest's row digest hashes.
+            line = encoder.encode(row)
+            builder.observe(row, line)
+            files.write(row, line)
     finally:
         results = files.close()
     try:

@@ -11,6 +11,7 @@ a test run and not an edit.
 
 from __future__ import annotations
 
+import functools
 import json
 import posixpath
 import re
@@ -128,8 +129,12 @@ _WRITE_TOOLS = {"write_file", "create_file", "write", "write_to_file"}
 _PATCH_TOOLS = {"apply_patch", "patch"}
 
 
+@functools.lru_cache(maxsize=8192)
 def parse_command(command: str) -> CommandIntent:
-    """Intent of one command string: an interface command or a shell command line."""
+    """Intent of one command string: an interface command or a shell command line.
+
+    Cached: runs repeat their commands (every build reads each run's twice, and agents rerun the same
+    tests), shlex is slow, and the intent is immutable."""
     first_line = command.strip().split("\n", 1)[0]
     head = _split_words(first_line)
     if not head:

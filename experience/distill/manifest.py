@@ -25,7 +25,7 @@ from experience.distill.rubric import RUBRIC_VERSION
 from experience.distill.selection import exclusion_reason
 from experience.distill.source import SourceRun
 from experience.distill.spec import SPLITS, DatasetSpec
-from experience.distill.writers import dumps_row
+from experience.distill.writers import encode_row
 
 Row = Mapping[str, Any]
 _MODULUS = 2**256
@@ -56,8 +56,9 @@ def row_trajectory_ids(row: Row) -> list[str]:
     return [str(row["trajectory_id"])]
 
 
-def row_digest(row: Row) -> int:
-    return int.from_bytes(hashlib.sha256(dumps_row(row).encode("utf-8")).digest(), "big")
+def row_digest(row: Row, encoded: bytes | None = None) -> int:
+    """sha256 of the row's canonical JSON (`encoded`, when the caller has it already) as an integer."""
+    return int.from_bytes(hashlib.sha256(encode_row(row) if encoded is None else encoded).digest(), "big")
 
 
 class ManifestBuilder:
@@ -97,7 +98,8 @@ class ManifestBuilder:
                 self.runs_excluded[reason] += 1
             yield run
 
-    def observe(self, row: Row) -> None:
+    def observe(self, row: Row, encoded: bytes | None = None) -> None:
+        """Count a row; `encoded`: its canonical JSON (`writers.RowEncoder`), if already made."""
         ids = row_trajectory_ids(row)
         self._used.update(ids)
         counts = self._splits[str(row["split"])]
@@ -109,7 +111,7 @@ class ManifestBuilder:
             counts.positives += bool(row["outcome"])
         self._task_rows[str(row["task_key"])] += 1
         self._rows += 1
-        self._digest = (self._digest + row_digest(row)) % _MODULUS
+        self._digest = (self._digest + row_digest(row, encoded)) % _MODULUS
 
     def wrap(self, rows: Iterable[Row]) -> Iterator[Row]:
         for row in rows:

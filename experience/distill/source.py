@@ -8,8 +8,10 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, fields, is_dataclass
+from functools import cached_property
 from typing import Any
 
+from experience.distill.rubric import Rubric, rubric
 from experience.records import TrajectoryRecord
 
 CURATION_REJECTED = "rejected"
@@ -36,6 +38,11 @@ class SourceRun:
     @property
     def task_key(self) -> str:
         return self.record.task_key
+
+    @cached_property
+    def scored(self) -> Rubric:
+        """The run's rubric, made once: the build writes its labels and its value rows read them."""
+        return rubric(self.record)
 
     def resolved_hash(self) -> str:
         return self.content_hash or record_content_hash(self.record)

@@ -25,12 +25,12 @@ from typing import Any
 
 from experience.distill import chat
 from experience.distill.decisions import Decision, decision_points
-from experience.distill.rubric import RubricState, labels_of, rubric
+from experience.distill.rubric import Rubric, RubricState, labels_of, rubric
 from experience.distill.selection import selected_runs
 from experience.distill.source import SourceRun, run_return, run_success
 from experience.distill.spec import DatasetSpec
 from experience.distill.splits import split_for_task
-from experience.records import TrajectoryRecord
+from experience.records import MessageRecord, TrajectoryRecord
 
 Row = dict[str, Any]
 STATS_KEYS = (
@@ -74,22 +74,29 @@ def run_value_rows(run: SourceRun, spec: DatasetSpec) -> Iterator[Row]:
         return
     base = _base_fields(run, spec, "value")
     outcome = bool(run_success(record))
-    for inputs in decision_inputs(record, spec):
+    for inputs in decision_inputs(record, spec, run.scored):
         target = target_value(reward, inputs["step_index"], inputs["step_count"], spec.gamma)
         yield base | inputs | {"target_value": target, "outcome": outcome, "reward": reward}
 
 
-def decision_inputs(record: TrajectoryRecord, spec: DatasetSpec) -> Iterator[Row]:
+def decision_inputs(
+    record: TrajectoryRecord, spec: DatasetSpec, scored: Rubric | None = None
+) -> Iterator[Row]:
     """What a value model sees at each decision (no targets): context, action, rubric labels and
-    stats before the action. Works on runs with no outcome yet, for scoring."""
+    stats before the action. Works on runs with no outcome yet, for scoring. `scored`: the run's rubric,
+    when the caller has it already.
+
+    The rows of a run share their context messages (the same dict objects), so writers can encode each
+    distinct message once (`writers.RowEncoder`); they must not be changed."""
     decisions = decision_points(record)
     if not decisions:
         return
-    scored = rubric(record)
+    scored = scored or rubric(record)
     entries = chat.rebuild_conversation(record, decisions)
     entry_steps = [entry.step_index for entry in entries]
+    shared: dict[int, chat.Message] = {}
     for decision in decisions:
-        context, known_total = decision_context(record, decision, entries, entry_steps)
+        context, known_total = decision_context(record, decision, entries, entry_steps, shared)
         cut = chat.truncate(
             context, spec.context_budget_tokens, instruction=record.instruction, known_total=known_total
         )
@@ -110,7 +117,7 @@ def run_outcome_row(run: SourceRun, spec: DatasetSpec) -> Row | None:
     decisions = decision_points(record)
     if not decisions:
         return None
-    scored = rubric(record)
+    scored = run.scored
     messages = [entry.message for entry in chat.conversation(record, decisions)]
     cut = chat.truncate(messages, spec.context_budget_tokens, instruction=record.instruction)
     return _base_fields(run, spec, "outcome") | {
@@ -124,15 +131,32 @@ def run_outcome_row(run: SourceRun, spec: DatasetSpec) -> Row | None:
 
 
 def decision_context(
-    record: TrajectoryRecord, decision: Decision, entries: list[chat.Entry], entry_steps: list[int]
+    record: TrajectoryRecord,
+    decision: Decision,
+    entries: list[chat.Entry],
+    entry_steps: list[int],
+    shared: dict[int, chat.Message] | None = None,
 ) -> tuple[list[chat.Message], int | None]:
-    """(messages the model saw before deciding, the prompt token count if the call recorded it)."""
+    """(messages the model saw before deciding, the prompt token count if the call recorded it).
+
+    `shared`: the run's recorded messages as chat messages, by the identity of their record, so
+    decisions whose contexts hold the same message record share one dict."""
     if decision.model_call is not None:
         call = record.steps[decision.model_call]
         if call.request_messages:
-            return [message.as_openai() for message in call.request_messages], call.tokens_in
+            return _shared_messages(call.request_messages, {} if shared is None else shared), call.tokens_in
     cut = bisect.bisect_left(entry_steps, decision.first_step)
     return [entry.message for entry in entries[:cut]], None
+
+
+def _shared_messages(records: list[MessageRecord], shared: dict[int, chat.Message]) -> list[chat.Message]:
+    messages = []
+    for record in records:
+        message = shared.get(id(record))
+        if message is None:
+            message = shared[id(record)] = record.as_openai()
+        messages.append(message)
+    return messages
 
 
 def _base_fields(run: SourceRun, spec: DatasetSpec, kind: str) -> Row:

@@ -1,10 +1,18 @@
 """Streamed writers: rows go to disk as they come, never gathered in memory.
 
-`JsonlGzWriter` writes one JSON object per line through gzip (mtime 0 and sorted keys, so the same rows
-give the same bytes). `ParquetRowWriter` buffers at most one row group (`row_group_rows` rows, or
-`max_batch_bytes` of text, whichever comes first) before handing it to pyarrow's ParquetWriter. Both are
-also usable row by row, so one pass over the data can feed several files (a split each, JSONL and
-Parquet) — see `build.distill`.
+`RowEncoder` turns a row into its canonical JSON (sorted keys, compact, UTF-8 as is; orjson, whose bytes
+are those of `json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)` except that floats
+under 1e-4 are written without an exponent), encoding each distinct message object once: a run's value
+rows share their context messages, so encoding every row whole would be quadratic in the run's length.
+The same bytes are the JSONL line and what the manifest's row digest hashes.
+
+`JsonlGzWriter` writes one JSON object per line through gzip at level 1 (mtime 0, so the same rows give
+the same bytes; level 1 because the rows repeat each other so much that higher levels buy little and cost
+several times the time). `ParquetRowWriter` buffers at most one row group (`row_group_rows` rows, or
+`max_batch_bytes` of text, whichever comes first) before handing it to pyarrow's ParquetWriter; message
+lists are built as Arrow columns from the distinct messages of the group and `take` indices, not
+message by message. Both are also usable row by row, so one pass over the data can feed several files
+(a split each, JSONL and Parquet) — see `build.distill`.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
 
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -26,7 +35,11 @@ from experience.distill.errors import RowShapeError
 Row = Mapping[str, Any]
 DEFAULT_ROW_GROUP_ROWS = 10_000
 DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
-_CHUNK_CHARS = 256 * 1024
+GZIP_LEVEL = 1
+_CHUNK_BYTES = 1024 * 1024
+_SORTED = orjson.OPT_SORT_KEYS
+# Messages an encoder remembers before it starts afresh: far more than one run's context holds.
+_REMEMBERED = 4096
 
 
 @dataclass(frozen=True)
@@ -36,36 +49,81 @@ class WriteResult:
     bytes: int
 
 
+def encode_row(row: Row) -> bytes:
+    """A row's canonical JSON as UTF-8 bytes: sorted keys, compact, non-ASCII kept as is."""
+    return orjson.dumps(row, option=_SORTED)
+
+
 def dumps_row(row: Row) -> str:
-    """A row's canonical JSON: sorted keys, compact, UTF-8 kept as is."""
-    return json.dumps(row, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """`encode_row` as text."""
+    return encode_row(row).decode("utf-8")
+
+
+def _is_message_list(value: Any) -> bool:
+    return type(value) is list and bool(value) and type(value[0]) is dict
+
+
+class RowEncoder:
+    """`encode_row` with each distinct message (a dict in a top-level list of dicts) encoded once.
+
+    Messages are remembered by identity, holding a reference so the identity is not reused while it is
+    remembered: a message dict must not change once a row holding it has been encoded (rows are written
+    as they are made, and the row makers build new dicts rather than editing shared ones).
+    """
+
+    def __init__(self) -> None:
+        self._fragments: dict[int, tuple[Any, bytes]] = {}
+
+    def encode(self, row: Row) -> bytes:
+        spliced = {
+            key: orjson.Fragment(self._list(value)) if _is_message_list(value) else value
+            for key, value in row.items()
+        }
+        return orjson.dumps(spliced, option=_SORTED)
+
+    def _list(self, messages: list[Any]) -> bytes:
+        return b"[" + b",".join(map(self._fragment, messages)) + b"]"
+
+    def _fragment(self, message: Any) -> bytes:
+        known = self._fragments.get(id(message))
+        if known is not None:
+            return known[1]
+        if len(self._fragments) >= _REMEMBERED:
+            self._fragments.clear()
+        # A compact copy: orjson's own bytes keep a 4 KiB buffer however short the text.
+        encoded = memoryview(orjson.dumps(message, option=_SORTED)).tobytes()
+        self._fragments[id(message)] = (message, encoded)
+        return encoded
 
 
 class JsonlGzWriter:
-    def __init__(self, path: str | os.PathLike[str], *, compresslevel: int = 6) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, compresslevel: int = GZIP_LEVEL) -> None:
         self.path = Path(path)
         self.rows = 0
-        self._pending: list[str] = []
-        self._pending_chars = 0
+        # A bytearray, not a list of lines: orjson's bytes keep a 4 KiB buffer each while they live.
+        self._pending = bytearray()
+        self._encoder = RowEncoder()
         self._file: BinaryIO = open(self.path, "wb")
         self._gzip = gzip.GzipFile(
             filename="", mode="wb", fileobj=self._file, mtime=0, compresslevel=compresslevel
         )
 
     def write(self, row: Row) -> None:
-        # Lines are gathered into ~256 KiB chunks: one gzip call per line costs more than the JSON.
-        line = dumps_row(row) + "\n"
-        self._pending.append(line)
-        self._pending_chars += len(line)
+        self.write_line(self._encoder.encode(row))
+
+    def write_line(self, line: bytes) -> None:
+        """One row already encoded (`RowEncoder.encode`), without its newline."""
+        # Lines are gathered into ~1 MiB chunks: one gzip call per line costs more than the JSON.
+        self._pending += line
+        self._pending += b"\n"
         self.rows += 1
-        if self._pending_chars >= _CHUNK_CHARS:
+        if len(self._pending) >= _CHUNK_BYTES:
             self._drain()
 
     def _drain(self) -> None:
         if self._pending:
-            self._gzip.write("".join(self._pending).encode("utf-8"))
-            self._pending = []
-            self._pending_chars = 0
+            self._gzip.write(self._pending)
+            self._pending = bytearray()
 
     def close(self) -> WriteResult:
         """Finish the gzip stream and close; idempotent."""
@@ -85,7 +143,11 @@ class JsonlGzWriter:
 class ParquetRowWriter:
     """Rows to Parquet, a row group at a time. With `schema`, rows are fitted to it (missing fields become
     null, JSON values stored as strings, unknown fields raise `RowShapeError`); without one, the schema is
-    inferred from the first row group and later groups must match it."""
+    inferred from the first row group and later groups must match it.
+
+    With a schema, each list-of-struct column (a row's messages) is kept as the group's distinct items
+    (by identity, as `RowEncoder` does) and per row the positions of its items: each distinct message is
+    converted once, and the column is built by Arrow (`take`), not item by item."""
 
     def __init__(
         self,
@@ -104,12 +166,24 @@ class ParquetRowWriter:
         self._batch_bytes = 0
         self._writer: pq.ParquetWriter | None = None
         self._result: WriteResult | None = None
-        self._convert = _row_converter(schema) if schema is not None else None
+        self._lists: dict[str, _ItemListColumn] = {}
+        self._rest_schema = schema
+        if schema is not None:
+            self._lists = {
+                field.name: _ItemListColumn(field.type, field.name)
+                for field in schema
+                if pa.types.is_list(field.type) and pa.types.is_struct(field.type.value_type)
+            }
+            self._rest_schema = pa.schema([field for field in schema if field.name not in self._lists])
+        self._convert = _row_converter(self._rest_schema) if self._rest_schema is not None else None
 
     def write(self, row: Row) -> None:
         if self._convert is not None:
             size = [0]
-            self._batch.append(self._convert(row, size))
+            rest = {key: value for key, value in row.items() if key not in self._lists}
+            self._batch.append(self._convert(rest, size))
+            for name, column in self._lists.items():
+                column.add(row.get(name), size)
             self._batch_bytes += size[0]
         else:
             self._batch.append(dict(row))
@@ -135,7 +209,13 @@ class ParquetRowWriter:
     def _flush(self) -> None:
         if not self._batch:
             return
-        table = pa.Table.from_pylist(self._batch, schema=self._schema)
+        table = pa.Table.from_pylist(self._batch, schema=self._rest_schema)
+        if self._lists and self._schema is not None:
+            columns = {name: column.take_all() for name, column in self._lists.items()}
+            table = pa.Table.from_arrays(
+                [columns[f.name] if f.name in columns else table[f.name] for f in self._schema],
+                schema=self._schema,
+            )
         if self._writer is None:
             self._schema = table.schema
             self._writer = pq.ParquetWriter(self.path, table.schema, compression="zstd")
@@ -150,6 +230,56 @@ class ParquetRowWriter:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+class _ItemListColumn:
+    """A list-of-struct column of one row group: its distinct items, converted once each, and per row
+    the items' positions, turned into an Arrow ListArray by `take_all` (which starts the next group)."""
+
+    def __init__(self, type_: pa.ListType, name: str) -> None:
+        self._type = type_
+        self._convert = _compile(type_.value_type, f"row.{name}[]")
+        self._where = f"row.{name}"
+        self._clear()
+
+    def _clear(self) -> None:
+        self._items: list[Any] = []  # converted, in order of first use
+        self._known: dict[int, tuple[Any, int, int]] = {}  # id -> (the item, its position, its size)
+        self._positions: list[int] = []
+        self._offsets: list[int] = [0]
+        self._nulls: list[bool] = []
+
+    def add(self, value: Any, size: list[int]) -> None:
+        """One row's list (None for null), adding its text size to `size[0]`."""
+        if value is None:
+            self._nulls.append(True)
+            self._offsets.append(len(self._positions))
+            return
+        if not isinstance(value, list | tuple):
+            raise RowShapeError(f"{self._where}: expected a list, got {type(value).__name__}")
+        known = self._known
+        for item in value:
+            seen = known.get(id(item))
+            if seen is None:
+                item_size = [0]
+                converted = self._convert(item, item_size)
+                seen = known[id(item)] = (item, len(self._items), item_size[0])
+                self._items.append(converted)
+            self._positions.append(seen[1])
+            size[0] += seen[2]
+        size[0] += 8
+        self._nulls.append(False)
+        self._offsets.append(len(self._positions))
+
+    def take_all(self) -> pa.Array:
+        items = pa.array(self._items, type=self._type.value_type)
+        values = items.take(pa.array(self._positions, type=pa.int32()))
+        mask = pa.array(self._nulls, type=pa.bool_()) if any(self._nulls) else None
+        column = pa.ListArray.from_arrays(
+            pa.array(self._offsets, type=pa.int32()), values, type=self._type, mask=mask
+        )
+        self._clear()
+        return column
 
 
 def write_jsonl_gz(rows: Iterable[Row], path: str | os.PathLike[str]) -> WriteResult:

@@ -36,7 +36,7 @@ from django.utils import timezone
 
 from experience.distill.build import distill
 from experience.distill.errors import EmptyDatasetError, SpecError
-from experience.distill.rubric import LABELS, RUBRIC_VERSION, labels_of, rubric
+from experience.distill.rubric import LABELS, RUBRIC_VERSION, labels_of
 from experience.distill.source import CURATION_REJECTED, UNUSABLE_STATUSES, SourceRun
 from experience.distill.spec import DatasetSpec
 from experience.errors import Conflict, NotFound, TroveError, ValidationError
@@ -347,7 +347,7 @@ def rubric_labels_write(*, runs: list[StoredRun]) -> int:
 
 
 def _run_labels(run: StoredRun) -> list[Label]:
-    scored = rubric(run.record)
+    scored = run.scored
     final = scored.run_labels
     changed_at: dict[str, int] = {}  # label -> the step after which it last changed
     previous = labels_of(scored.state_before(0))
