@@ -209,19 +209,21 @@ def prepared_rows(runs: list, ids: list[int], written: set[str]) -> tuple[list, 
 
     from experience.dedup.signature import exact_hash
     from experience.services.blobs import _encode
-    from experience.services.ingest import _copy_row, _totals
-    from experience.steps import BlobSink, prepare_step
+    from experience.services.bulk import next_ids
+    from experience.services.ingest import _step_copy_rows, _totals
+    from experience.steps import BlobSink
 
     sink = BlobSink()
     now = timezone.now()
-    trajectories, steps = [], []
+    trajectories = []
     for pk, run in zip(ids, runs, strict=True):
         totals = _totals(run.steps, run.metadata)
         trajectories.append((pk, run.source, run.source_format, run.source_ref, run.task_key, run.instruction,
                              run.harness, run.model, run.status, run.reward, run.success, totals["n_steps"],
                              totals["n_model_calls"], totals["tokens_in"], totals["tokens_out"],
                              len(run.steps), exact_hash(run), now, now))
-        steps += [_copy_row(pk, seq, prepare_step(step, sink)) for seq, step in enumerate(run.steps)]
+    step_ids = next_ids("experience_step", "id", sum(len(run.steps) for run in runs))
+    steps = list(_step_copy_rows([(pk, run.steps) for pk, run in zip(ids, runs, strict=True)], sink, iter(step_ids)))
     blobs = [(d, len(c), *_encode(c), now) for d, c in sorted(sink.contents.items()) if d not in written]
     written.update(sink.contents)
     return trajectories, blobs, steps

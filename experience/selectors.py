@@ -9,8 +9,7 @@ from django.db.models import QuerySet
 from experience.errors import NotFound
 from experience.models import Step, Trajectory
 from experience.records import StepRecord
-from experience.services.blobs import blob_get_many
-from experience.steps import referenced_hashes, step_record_from_parts
+from experience.services.stored import stored_step_records
 
 TIMELINE_PAGE = 200
 
@@ -38,18 +37,9 @@ class TimelineStep:
 
 
 def step_records(steps: list[Step]) -> list[StepRecord]:
-    """Rebuild full StepRecords for rows, fetching every referenced blob in one query."""
-    hashes = [h for step in steps for h in referenced_hashes(step.blob_refs)]
-    blobs = blob_get_many(hashes) if hashes else {}
-    return [
-        step_record_from_parts(
-            kind=step.kind, payload=step.payload, blob_refs=step.blob_refs, blobs=blobs,
-            started_at=step.started_at, ended_at=step.ended_at, duration_ms=step.duration_ms,
-            exit_code=step.exit_code, tokens_in=step.tokens_in, tokens_out=step.tokens_out,
-            call_id=step.call_id, is_error=step.is_error,
-        )
-        for step in steps
-    ]
+    """Rebuild full StepRecords for rows (a page of a run will do: contexts stored as deltas on earlier
+    steps are completed), fetching every referenced blob in one query."""
+    return stored_step_records(steps)
 
 
 def _width_ms(step: Step) -> float:

@@ -8,6 +8,15 @@ Two things Postgres refuses are kept anyway, in blobs (bytea holds any bytes): t
 UTF-16 surrogates (real logs carry both: binary command output, JSON written by JavaScript). When the
 step's inline payload would hold one, the whole payload moves to a `payload` blob; texts and messages are
 encoded with `surrogatepass`, which is plain UTF-8 for every ordinary string, so their hashes are unchanged.
+
+A model call's context (`blob_refs["request_messages"]`) is stored either as the full list of its message
+digests or, when written in bulk, as a delta on the previous model call of the same run:
+`{"extends": <that step's id>, "keep": <how many of its digests come first>, "append": [the rest]}`. A run
+whose context grows by two messages a call so stores each digest once instead of once per later call. The
+delta names the base step by its primary key, which never changes (seq does: steps are renumbered when one
+arrives late), and a base always has a smaller id than the steps that extend it. Readers turn deltas back
+into full lists with `full_contexts` (given every base: whole runs) or `experience.services.stored.
+step_contexts` (any rows: fetches the missing bases in one query); everything downstream sees full lists.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import hashlib
 import json
 import operator
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +36,7 @@ PREVIEW_CHARS = 300
 TEXT_FIELDS = ("text", "output", "response_text")
 NAMED_FIELDS = ("command", "tool_calls", "model", "latency_ms", "ttft_ms")
 PAYLOAD_BLOB = "payload"  # blob_refs key of a payload Postgres could not hold inline
+CONTEXT = "request_messages"  # blob_refs key of a model call's context: a list of digests, or a delta
 
 
 # Encoders built once: json.dumps with options builds a new encoder per call, a cost on the hot path.
@@ -157,7 +168,7 @@ def prepare_step(record: StepRecord, sink: BlobSink) -> PreparedStep:
         if value is not None:
             payload[name] = value
     if record.request_messages is not None:
-        refs["request_messages"] = sink.put_messages(record.request_messages)
+        refs[CONTEXT] = sink.put_messages(record.request_messages)
     if record.response_json is not None:
         refs["response_json"] = sink.put(canonical_json(record.response_json))
     payload_json = compact_json(payload)
@@ -168,15 +179,101 @@ def prepare_step(record: StepRecord, sink: BlobSink) -> PreparedStep:
 
 
 def refs_json(refs: dict[str, Any]) -> str:
-    """`blob_refs` as JSON text, built directly: its values are hex digests or lists of them, and a long
-    run's contexts make it the largest thing a step row holds, so json.dumps here was a hot spot."""
+    """`blob_refs` as JSON text, built directly: its values are hex digests, lists of them or a context
+    delta, and this runs once per step on the bulk path, where json.dumps was a hot spot."""
     parts = []
     for name, value in refs.items():
-        if isinstance(value, list):
-            parts.append(f'"{name}":[' + ",".join(f'"{digest}"' for digest in value) + "]")
-        else:
+        if isinstance(value, str):
             parts.append(f'"{name}":"{value}"')
+        elif isinstance(value, list):
+            parts.append(f'"{name}":{_digests_json(value)}')
+        else:
+            parts.append(f'"{name}":{{"extends":{int(value["extends"])},"keep":{int(value["keep"])},'
+                         f'"append":{_digests_json(value["append"])}}}')
     return "{" + ",".join(parts) + "}"
+
+
+def _digests_json(digests: list[str]) -> str:
+    return '["' + '","'.join(digests) + '"]' if digests else "[]"
+
+
+# ---------------------------------------------------------------- contexts stored as deltas
+
+
+def context_delta(base_id: int, base: list[str], digests: list[str]) -> list[str] | dict[str, Any]:
+    """How to store context `digests` after a model call of the same run (step `base_id`, context `base`):
+    a delta keeping the prefix the two share, or the full list when they share nothing."""
+    keep = _shared_prefix(base, digests)
+    if keep == 0:
+        return digests
+    return {"extends": base_id, "keep": keep, "append": digests[keep:]}
+
+
+def _shared_prefix(base: list[str], digests: list[str]) -> int:
+    n = len(base)
+    if n <= len(digests) and digests[:n] == base:  # the usual case: the context grew
+        return n
+    n = min(n, len(digests))
+    for index in range(n):
+        if base[index] != digests[index]:
+            return index
+    return n
+
+
+def is_context_delta(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def context_length(value: list[str] | dict[str, Any]) -> int:
+    """How many messages a stored context holds, without resolving a delta."""
+    return value["keep"] + len(value["append"]) if is_context_delta(value) else len(value)
+
+
+def context_bases(refs_by_step: Mapping[int, Mapping[str, Any]]) -> set[int]:
+    """The steps the contexts among `refs_by_step` extend that are not among them."""
+    bases = {refs[CONTEXT]["extends"] for refs in refs_by_step.values() if is_context_delta(refs.get(CONTEXT))}
+    return bases - refs_by_step.keys()
+
+
+def full_contexts(refs_by_step: Mapping[int, Mapping[str, Any]]) -> dict[int, list[str]]:
+    """Each step's context as its full list of digests, by step id, for every step of `refs_by_step`
+    (step id -> blob_refs) that has one. Every delta's base (and its bases) must be among them: whole runs
+    qualify; complete a partial set with `experience.services.stored.step_contexts`."""
+    full: dict[int, list[str]] = {}
+    for step_id in sorted(refs_by_step):  # bases first: a base has a smaller id than the steps extending it
+        if step_id not in full and CONTEXT in refs_by_step[step_id]:
+            _resolve(step_id, refs_by_step, full)
+    return full
+
+
+def _resolve(step_id: int, refs_by_step: Mapping[int, Mapping[str, Any]], full: dict[int, list[str]]) -> None:
+    """Resolve `step_id`'s context into `full`, walking down its chain of bases without recursion."""
+    chain = []
+    while step_id not in full:
+        refs = refs_by_step.get(step_id)
+        if refs is None or CONTEXT not in refs:
+            raise KeyError(f"step {chain[-1] if chain else step_id}: the context it extends (step {step_id}) "
+                           "was not given")
+        value = refs[CONTEXT]
+        if not is_context_delta(value):
+            full[step_id] = value
+            break
+        chain.append((step_id, value))
+        step_id = value["extends"]
+    for extending_id, delta in reversed(chain):
+        full[extending_id] = full[delta["extends"]][: delta["keep"]] + delta["append"]
+
+
+def refs_with_full_contexts(step_ids: Sequence[int], refs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows' blob_refs (whole runs: step ids and refs in the same order) with each delta context replaced
+    by its full list; refs without a delta are returned as they are."""
+    if not any(is_context_delta(r.get(CONTEXT)) for r in refs):
+        return list(refs)
+    contexts = full_contexts(dict(zip(step_ids, refs, strict=True)))
+    return [
+        {**r, CONTEXT: contexts[step_id]} if is_context_delta(r.get(CONTEXT)) else r
+        for step_id, r in zip(step_ids, refs, strict=True)
+    ]
 
 
 def step_record_from_parts(
@@ -191,8 +288,10 @@ def step_record_from_parts(
         if name in blob_refs:
             texts[name] = decode_text(blobs[blob_refs[name]])
     request_messages = None
-    if "request_messages" in blob_refs:
-        request_messages = [MessageRecord(**json.loads(blobs[h])) for h in blob_refs["request_messages"]]
+    if CONTEXT in blob_refs:
+        if is_context_delta(blob_refs[CONTEXT]):
+            raise ValueError("a context stored as a delta: resolve it first (full_contexts, stored.step_contexts)")
+        request_messages = [MessageRecord(**json.loads(blobs[h])) for h in blob_refs[CONTEXT]]
     response_json = json.loads(blobs[blob_refs["response_json"]]) if "response_json" in blob_refs else None
     named = {name: payload.pop(name, None) for name in NAMED_FIELDS}
     return StepRecord(
@@ -209,10 +308,14 @@ def step_record_from_parts(
 
 
 def referenced_hashes(blob_refs: dict[str, Any], *, context: bool = True) -> list[str]:
-    """Every blob a step refers to; without the request context when `context` is False."""
+    """Every blob a step's row names; without the request context when `context` is False. Of a context
+    stored as a delta, only the digests it appends: the rest are named by the steps it extends."""
     hashes: list[str] = []
     for name, value in blob_refs.items():
-        if name == "request_messages" and not context:
+        if name == CONTEXT and not context:
             continue
-        hashes.extend(value if isinstance(value, list) else [value])
+        if isinstance(value, str):
+            hashes.append(value)
+        else:
+            hashes.extend(value["append"] if is_context_delta(value) else value)
     return hashes

@@ -77,12 +77,7 @@ def copy_new_objects(objects: Sequence[Model]) -> None:
         return
     meta = objects[0]._meta
     fields = [f for f in meta.concrete_fields]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT nextval(pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s)",
-            [meta.db_table, meta.pk.column, len(objects)],
-        )
-        ids = [row[0] for row in cursor.fetchall()]
+    ids = next_ids(meta.db_table, meta.pk.column, len(objects))
     for obj, pk in zip(objects, ids, strict=True):
         obj.pk = pk
         obj._state.adding = False
@@ -92,6 +87,16 @@ def copy_new_objects(objects: Sequence[Model]) -> None:
         return [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
 
     copy_rows(meta.db_table, [f.column for f in fields], (row(obj) for obj in objects))
+
+
+def next_ids(table: str, column: str, n: int) -> list[int]:
+    """`n` fresh primary keys from the table's sequence, in one query (Postgres only), for rows written with
+    COPY whose ids are needed before they are written."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence(%s, %s)) FROM generate_series(1, %s)", [table, column, n]
+        )
+        return [row[0] for row in cursor.fetchall()]
 
 
 def _quote(name: str) -> str:

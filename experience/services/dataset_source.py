@@ -40,7 +40,7 @@ from experience.distill.spec import DatasetSpec
 from experience.errors import ValidationError
 from experience.models import Blob, Step, Trajectory
 from experience.records import MessageRecord, StepRecord, TrajectoryRecord
-from experience.steps import referenced_hashes, step_record_from_parts
+from experience.steps import referenced_hashes, refs_with_full_contexts, step_record_from_parts
 
 _zstd = zstandard.ZstdDecompressor()
 
@@ -276,7 +276,7 @@ def _fetch(trajectory_ids: list[int]) -> _Fetched:
     if not trajectory_ids:
         return _Fetched([], [], [], {})
     rows = _step_rows(trajectory_ids)
-    refs = [json.loads(row[13]) for row in rows]
+    refs = refs_with_full_contexts([row[0] for row in rows], [json.loads(row[13]) for row in rows])  # whole runs
     blobs = _blobs(h for step_refs in refs for h in referenced_hashes(step_refs))
     return _Fetched(trajectory_ids, rows, refs, blobs)
 

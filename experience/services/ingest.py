@@ -15,7 +15,7 @@ earlier than steps already stored) the trajectory's steps are renumbered so `seq
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -30,10 +30,10 @@ from experience.errors import LimitExceeded, NotFound, ValidationError
 from experience.models import Step, Trajectory
 from experience.records import TRAJECTORY_STATUSES, StepRecord, TrajectoryRecord
 from experience.services.blobs import blob_put_many, blobs_store, sha256_hex
-from experience.services.bulk import copy_new_objects, copy_rows, is_postgres
+from experience.services.bulk import copy_new_objects, copy_rows, is_postgres, next_ids
 from experience.services.stored import record_of, stored_step_records
 from experience.services.validation import validate_step, validate_trajectory
-from experience.steps import BlobSink, PreparedStep, prepare_step, refs_json
+from experience.steps import CONTEXT, BlobSink, PreparedStep, context_delta, prepare_step, refs_json
 
 # Steps are renumbered by first moving them out of the way; numbers never reach this in one trajectory.
 _RENUMBER_OFFSET = 1_000_000_000
@@ -41,7 +41,7 @@ _RENUMBER_OFFSET = 1_000_000_000
 # retried: the second pass sees the other writer's rows and skips them.
 _ATTEMPTS = 3
 _STEP_COLUMNS = (
-    "trajectory_id", "seq", "kind", "started_at", "ended_at", "duration_ms", "tokens_in", "tokens_out",
+    "id", "trajectory_id", "seq", "kind", "started_at", "ended_at", "duration_ms", "tokens_in", "tokens_out",
     "exit_code", "is_error", "call_id", "preview", "payload", "blob_refs",
 )
 
@@ -163,20 +163,38 @@ def _trajectory_row(record: TrajectoryRecord, original_blob: str) -> Trajectory:
 
 
 def _insert_steps(runs: list[tuple[int, list[StepRecord]]], sink: BlobSink) -> None:
-    prepared = (
-        (trajectory_id, seq, prepare_step(step, sink)) for trajectory_id, steps in runs for seq, step in enumerate(steps)
-    )
     if is_postgres():
-        copy_rows("experience_step", _STEP_COLUMNS, (_copy_row(*item) for item in prepared))
-    else:
+        ids = next_ids(Step._meta.db_table, "id", sum(len(steps) for _, steps in runs))
+        copy_rows(Step._meta.db_table, _STEP_COLUMNS, _step_copy_rows(runs, sink, iter(ids)))
+    else:  # contexts as full lists: a delta names its base's id, which bulk_create does not give beforehand
+        prepared = (
+            (trajectory_id, seq, prepare_step(step, sink))
+            for trajectory_id, steps in runs for seq, step in enumerate(steps)
+        )
         Step.objects.bulk_create([_step_row(*item) for item in prepared])
 
 
-def _copy_row(trajectory_id: int, seq: int, item: PreparedStep) -> tuple:
+def _step_copy_rows(runs: list[tuple[int, list[StepRecord]]], sink: BlobSink, ids: Iterator[int]) -> Iterator[tuple]:
+    """The COPY rows of the runs' steps, ids taken from `ids`; each model call's context that shares a
+    prefix with the run's previous one is stored as a delta on it (experience.steps.context_delta)."""
+    for trajectory_id, steps in runs:
+        previous: tuple[int, list[str]] | None = None  # the run's last model call so far: (id, full context)
+        for seq, step in enumerate(steps):
+            step_id, item = next(ids), prepare_step(step, sink)
+            refs = item.blob_refs
+            context = refs.get(CONTEXT)
+            if context is not None:
+                if previous is not None:
+                    refs = {**refs, CONTEXT: context_delta(*previous, context)}
+                previous = (step_id, context)
+            yield _copy_row(step_id, trajectory_id, seq, item, refs)
+
+
+def _copy_row(step_id: int, trajectory_id: int, seq: int, item: PreparedStep, refs: dict[str, Any]) -> tuple:
     r = item.record
     return (
-        trajectory_id, seq, r.kind, r.started_at, r.ended_at, r.duration_ms, r.tokens_in, r.tokens_out,
-        r.exit_code, r.is_error, r.call_id, item.preview, item.payload_json, refs_json(item.blob_refs),
+        step_id, trajectory_id, seq, r.kind, r.started_at, r.ended_at, r.duration_ms, r.tokens_in, r.tokens_out,
+        r.exit_code, r.is_error, r.call_id, item.preview, item.payload_json, refs_json(refs),
     )
 
 

@@ -15,24 +15,51 @@ from django.db.models import QuerySet
 from experience.models import Step, Trajectory
 from experience.records import StepRecord, TrajectoryRecord
 from experience.services.blobs import blob_get_many
-from experience.steps import referenced_hashes, step_record_from_parts
+from experience.steps import CONTEXT, context_bases, full_contexts, referenced_hashes, step_record_from_parts
 
 CHUNK = 50  # trajectories per round of queries when streaming: bounds memory by a chunk's steps and blobs
 
 
 def stored_step_records(steps: Sequence[Step], *, context: bool = True) -> list[StepRecord]:
-    """Full StepRecords for step rows, fetching the blobs they refer to in one query.
+    """Full StepRecords for step rows (any of them: a page of a run will do), fetching the blobs they refer
+    to in one query, and with contexts, the rows their contexts extend in one more when not among `steps`.
 
     With `context=False` a model call's request messages are not fetched (request_messages is None):
     the cheap form for lists and for code that reads actions only.
     """
-    hashes = [h for step in steps for h in referenced_hashes(step.blob_refs, context=context)]
+    contexts = step_contexts(steps) if context else {}
+    hashes = [h for step in steps for h in referenced_hashes(step.blob_refs, context=False)]
+    hashes += [h for digests in contexts.values() for h in digests]
     blobs = blob_get_many(hashes) if hashes else {}
-    return [_step_record(step, blobs, context) for step in steps]
+    return [_step_record(step, blobs, contexts) for step in steps]  # contexts empty: none read
 
 
-def _step_record(step: Step, blobs: dict[str, bytes], context: bool) -> StepRecord:
-    refs = step.blob_refs if context else {k: v for k, v in step.blob_refs.items() if k != "request_messages"}
+def step_contexts(steps: Sequence[Step]) -> dict[int, list[str]]:
+    """The full context (message digests) of each of `steps` that has one, by step id. Contexts stored as
+    deltas on steps not among `steps` (an earlier page of the run) are completed with one query for
+    the run's earlier contexts."""
+    refs_by_step = {step.pk: step.blob_refs for step in steps if CONTEXT in step.blob_refs}
+    missing = context_bases(refs_by_step)
+    if missing:
+        refs_by_step.update(_earlier_contexts({step.trajectory_id for step in steps}, max(missing)))
+    full = full_contexts(refs_by_step)
+    return {step.pk: full[step.pk] for step in steps if step.pk in full}
+
+
+def _earlier_contexts(trajectory_ids: set[int], up_to_id: int) -> dict[int, dict]:
+    """The blob_refs of every step with a context in these runs up to step id `up_to_id`: a chain of
+    deltas runs through a run's earlier model calls, and only those, since a base has a smaller id."""
+    rows = Step.objects.filter(trajectory_id__in=trajectory_ids, id__lte=up_to_id, blob_refs__has_key=CONTEXT)
+    return dict(rows.values_list("id", "blob_refs"))
+
+
+def _step_record(step: Step, blobs: dict[str, bytes], contexts: dict[int, list[str]]) -> StepRecord:
+    """`contexts`: the step's full context by step id, or nothing for a record without request messages."""
+    refs = step.blob_refs
+    if CONTEXT in refs:
+        refs = {k: v for k, v in refs.items() if k != CONTEXT}
+        if step.pk in contexts:
+            refs[CONTEXT] = contexts[step.pk]
     return step_record_from_parts(
         kind=step.kind, payload=step.payload, blob_refs=refs, blobs=blobs,
         started_at=step.started_at, ended_at=step.ended_at, duration_ms=step.duration_ms,

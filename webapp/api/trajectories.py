@@ -67,6 +67,7 @@ from experience.services.importing import (
 )
 from experience.services.ingest import steps_append, trajectories_ingest_many
 from experience.services.stored import stored_step_records
+from experience.steps import context_length
 
 STEP_PAGE, MAX_STEP_PAGE = 100, 1000
 CURATE_PERMISSION = "experience.change_trajectory"
@@ -179,7 +180,7 @@ class StepSerializer(serializers.Serializer):
         row, record = instance
         body = {"id": row.pk, "seq": row.seq, **step_to_dict(record)}
         if record.request_messages is None and "request_messages" in row.blob_refs:
-            body["n_request_messages"] = len(row.blob_refs["request_messages"])
+            body["n_request_messages"] = context_length(row.blob_refs["request_messages"])
         return body
 
 

@@ -13,7 +13,7 @@ from experience.models import Blob, Step, Trajectory
 from experience.records import MessageRecord, StepRecord
 from experience.services.blobs import blob_put_many, sha256_hex
 from experience.services.ingest import steps_append, trajectories_ingest_many, trajectory_ingest
-from experience.services.stored import stored_records
+from experience.services.stored import step_contexts, stored_records
 from tests.experience.services.store_factories import RunFactory, StepFactory, run_record, stored
 
 pytestmark = pytest.mark.django_db
@@ -123,8 +123,8 @@ def test_a_growing_context_stores_each_message_once():
 
     # system + task + 20 replies + 20 outputs (the last two never shown to a later call) = 40 messages,
     # plus the large outputs stored as text blobs
-    message_refs = {h for refs in Step.objects.values_list("blob_refs", flat=True)
-                    for h in refs.get("request_messages", [])}
+    contexts = step_contexts(list(Step.objects.all()))
+    message_refs = {h for context in contexts.values() for h in context}
     assert len(message_refs) == 2 + 2 * 19
     assert Blob.objects.filter(sha256__in=message_refs).count() == len(message_refs)
 
