@@ -12,6 +12,7 @@ decision), so SFT can weight the assistant turns of each decision.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -174,10 +175,38 @@ def message_chars(message: Message) -> int:
     return chars
 
 
-def token_counts(messages: Sequence[Message], known_total: int | None = None) -> list[int]:
+class MessageFacts:
+    """What truncation reads of each message (its characters, whether it holds the task), worked out once
+    per message object rather than once per context holding it: a run's contexts share their messages
+    (`values.decision_inputs`), so without this a run costs O(decisions x context) text scans. Keyed by
+    identity, holding the messages; use one per run, whose messages must not change meanwhile."""
+
+    def __init__(self) -> None:
+        self._chars: dict[int, tuple[Message, int]] = {}
+        self._holds: dict[tuple[int, str], bool] = {}
+
+    def chars(self, message: Message) -> int:
+        known = self._chars.get(id(message))
+        if known is None:
+            known = self._chars[id(message)] = (message, message_chars(message))
+        return known[1]
+
+    def holds(self, message: Message, probe: str) -> bool:
+        """Whether the message's normalised content contains `probe` (its `_chars` entry keeps it alive)."""
+        self.chars(message)
+        key = (id(message), probe)
+        known = self._holds.get(key)
+        if known is None:
+            known = self._holds[key] = probe in _normalised(str(message.get("content") or ""))
+        return known
+
+
+def token_counts(
+    messages: Sequence[Message], known_total: int | None = None, facts: MessageFacts | None = None
+) -> list[int]:
     """Estimated tokens per message: characters / 4, or, when the model call recorded its prompt token
     count, that count shared out in proportion to characters."""
-    chars = [message_chars(message) for message in messages]
+    chars = [facts.chars(m) for m in messages] if facts else [message_chars(m) for m in messages]
     if known_total and sum(chars):
         total_chars = sum(chars)
         return [math.ceil(known_total * count / total_chars) for count in chars]
@@ -188,15 +217,27 @@ def _normalised(text: str) -> str:
     return " ".join(text.split())
 
 
-def task_index(messages: Sequence[Message], instruction: str, *, strict: bool = False) -> int | None:
+@functools.lru_cache(maxsize=64)
+def _task_probe(instruction: str) -> str:
+    return _normalised(instruction)[:_TASK_PROBE_CHARS]
+
+
+def task_index(
+    messages: Sequence[Message], instruction: str, *, strict: bool = False, facts: MessageFacts | None = None
+) -> int | None:
     """Index of the task message: the first user message containing the start of the instruction, else
     (unless strict) the first user message. Agents often put a demonstration before the task, so "first
     user message" alone would keep the demonstration and lose the task."""
-    probe = _normalised(instruction)[:_TASK_PROBE_CHARS]
+    probe = _task_probe(instruction)
     users = [i for i, message in enumerate(messages) if message.get("role") == "user"]
     if probe:
         for index in users:
-            if probe in _normalised(str(messages[index].get("content") or "")):
+            message = messages[index]
+            if (
+                facts.holds(message, probe)
+                if facts
+                else probe in _normalised(str(message.get("content") or ""))
+            ):
                 return index
     if strict:
         return None
@@ -211,26 +252,33 @@ class Truncated:
 
 
 def truncate(
-    messages: Sequence[Message], budget: int, *, instruction: str = "", known_total: int | None = None
+    messages: Sequence[Message],
+    budget: int,
+    *,
+    instruction: str = "",
+    known_total: int | None = None,
+    facts: MessageFacts | None = None,
 ) -> Truncated:
     """Fit messages into `budget` tokens by dropping whole messages from the front.
 
     Always kept, even over budget: the system messages before the task and the task message itself.
     After them come the most recent messages that fit. A `tool` message whose assistant call was dropped
-    is dropped too, so the result is still a valid chat.
+    is dropped too, so the result is still a valid chat. `facts`: a per-run `MessageFacts`, when the
+    caller truncates many contexts sharing their messages.
     """
-    counts = token_counts(messages, known_total)
-    task = task_index(messages, instruction)
+    counts = token_counts(messages, known_total, facts)
+    task = task_index(messages, instruction, facts=facts)
     head = [
         i for i in range(len(messages)) if messages[i].get("role") == "system" and (task is None or i < task)
     ]
     if task is not None:
         head.append(task)
     head_set = set(head)
-    rest = [i for i in range(len(messages)) if i not in head_set]
     room = budget - sum(counts[i] for i in head)
     tail: list[int] = []
-    for index in reversed(rest):
+    for index in range(len(messages) - 1, -1, -1):
+        if index in head_set:
+            continue
         if counts[index] > room:
             break
         room -= counts[index]
@@ -238,6 +286,8 @@ def truncate(
     tail.reverse()
     while tail and messages[tail[0]].get("role") == "tool":
         tail.pop(0)
+    if len(tail) + len(head_set) == len(messages):  # nothing dropped: the usual case under the budget
+        return Truncated(messages=list(messages), dropped=0, tokens=sum(counts))
     kept = sorted(head_set.union(tail))
     return Truncated(
         messages=[messages[i] for i in kept],

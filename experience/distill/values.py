@@ -95,10 +95,15 @@ def decision_inputs(
     entries = chat.rebuild_conversation(record, decisions)
     entry_steps = [entry.step_index for entry in entries]
     shared: dict[int, chat.Message] = {}
+    facts = chat.MessageFacts()
     for decision in decisions:
         context, known_total = decision_context(record, decision, entries, entry_steps, shared)
         cut = chat.truncate(
-            context, spec.context_budget_tokens, instruction=record.instruction, known_total=known_total
+            context,
+            spec.context_budget_tokens,
+            instruction=record.instruction,
+            known_total=known_total,
+            facts=facts,
         )
         state = scored.state_before(decision.first_step)
         yield {

@@ -21,6 +21,7 @@ import gzip
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -107,6 +108,10 @@ class JsonlGzWriter:
         self._gzip = gzip.GzipFile(
             filename="", mode="wb", fileobj=self._file, mtime=0, compresslevel=compresslevel
         )
+        # zlib lets go of the GIL while it compresses: a thread of its own compresses one chunk while
+        # this one makes the next, on another core. One chunk in flight at most, so memory stays bounded.
+        self._compressor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jsonl-gzip")
+        self._in_flight: Future[int] | None = None
 
     def write(self, row: Row) -> None:
         self.write_line(self._encoder.encode(row))
@@ -122,15 +127,25 @@ class JsonlGzWriter:
 
     def _drain(self) -> None:
         if self._pending:
-            self._gzip.write(self._pending)
+            self._wait()
+            self._in_flight = self._compressor.submit(self._gzip.write, self._pending)
             self._pending = bytearray()
+
+    def _wait(self) -> None:
+        if self._in_flight is not None:
+            self._in_flight.result()
+            self._in_flight = None
 
     def close(self) -> WriteResult:
         """Finish the gzip stream and close; idempotent."""
         if not self._gzip.closed:
-            self._drain()
-            self._gzip.close()
-            self._file.close()
+            try:
+                self._drain()
+                self._wait()
+            finally:
+                self._compressor.shutdown(wait=True)
+                self._gzip.close()
+                self._file.close()
         return WriteResult(str(self.path), self.rows, self.path.stat().st_size)
 
     def __enter__(self) -> JsonlGzWriter:
@@ -342,6 +357,8 @@ def _struct_converter(type_: pa.StructType, where: str) -> Converter:
         for i in range(type_.num_fields)
     ]
     known = {name for name, _ in fields}
+    if all(convert is _convert_scalar for _, convert in fields):
+        return _flat_struct_converter(known, where)
 
     def convert_struct(value: Any, size: list[int]) -> Any:
         if value is None:
@@ -355,6 +372,25 @@ def _struct_converter(type_: pa.StructType, where: str) -> Converter:
         return {name: convert(value.get(name), size) for name, convert in fields}
 
     return convert_struct
+
+
+def _flat_struct_converter(known: set[str], where: str) -> Converter:
+    """A struct of scalars only (flags, counts) needs no conversion: checked, then passed on as it is
+    (pyarrow reads a missing field as null, as the general converter makes it)."""
+    fixed_size = 8 * (len(known) + 1)
+
+    def convert_flat(value: Any, size: list[int]) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            raise RowShapeError(f"{where}: expected an object, got {type(value).__name__}")
+        if not known.issuperset(value):
+            unknown = ", ".join(sorted(set(value) - known))
+            raise RowShapeError(f"{where}: fields the schema does not declare: {unknown}")
+        size[0] += fixed_size
+        return value
+
+    return convert_flat
 
 
 def _convert_string(value: Any, size: list[int]) -> Any:

@@ -28,6 +28,7 @@ from datetime import datetime
 from datetime import time as dt_time
 from typing import Any, NamedTuple
 
+import orjson
 import zstandard
 from django.db import connection
 from django.db.models import Q, QuerySet
@@ -276,7 +277,7 @@ def _fetch(trajectory_ids: list[int]) -> _Fetched:
     if not trajectory_ids:
         return _Fetched([], [], [], {})
     rows = _step_rows(trajectory_ids)
-    refs = refs_with_full_contexts([row[0] for row in rows], [json.loads(row[13]) for row in rows])  # whole runs
+    refs = refs_with_full_contexts([row[0] for row in rows], [_loads(row[13]) for row in rows])  # whole runs
     blobs = _blobs(h for step_refs in refs for h in referenced_hashes(step_refs))
     return _Fetched(trajectory_ids, rows, refs, blobs)
 
@@ -391,7 +392,7 @@ class _MessageCache(dict):
         self._blobs = blobs
 
     def __missing__(self, digest: str) -> MessageRecord:
-        message = self[digest] = MessageRecord(**json.loads(self._blobs[digest]))
+        message = self[digest] = MessageRecord(**_loads(self._blobs[digest]))
         return message
 
 
@@ -404,13 +405,22 @@ def _step_record(
     if context is not None:
         refs = {name: value for name, value in refs.items() if name != REQUEST_MESSAGES}
     record = step_record_from_parts(
-        kind=row[3], payload=json.loads(row[12]), blob_refs=refs, blobs=blobs,
+        kind=row[3], payload=_loads(row[12]), blob_refs=refs, blobs=blobs,
         started_at=_moment(row[4]), ended_at=_moment(row[5]), duration_ms=row[6], tokens_in=row[7],
         tokens_out=row[8], exit_code=row[9], is_error=row[10], call_id=row[11],
     )  # fmt: skip
     if context is not None:
         record.request_messages = list(map(messages.__getitem__, context))
     return record
+
+
+def _loads(text: str | bytes) -> Any:
+    """JSON text parsed by orjson (several times faster on this path, which parses every step row and
+    context message), or by json for what orjson refuses and json reads (lone surrogate escapes)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
 
 
 def _moment(text: str | None) -> datetime | None:
