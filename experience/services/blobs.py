@@ -15,7 +15,7 @@ from experience.services.bulk import copy_ignoring_conflicts, is_postgres
 # Below this size compression rarely pays for its CPU; above it, text compresses 3-10x.
 COMPRESS_MIN_BYTES = 512
 _LOOKUP_CHUNK = 5000  # digests per "which of these exist" query (SQLite caps bound parameters)
-_compressor = zstandard.ZstdCompressor(level=3)
+_compressor = zstandard.ZstdCompressor(level=1)
 _decompressor = zstandard.ZstdDecompressor()
 _COLUMNS = ("sha256", "size", "encoding", "data", "created_at")
 
