@@ -49,7 +49,6 @@ from experience.services.stored import record_of, stored_step_records
 logger = logging.getLogger(__name__)
 
 PENDING_BATCH = 200  # runs per dedup_pending call: a beat tick stays short
-SIMILAR_NPROBE = 64  # "find similar" wants the real top-k, not only the neighbours above the threshold
 MAX_SIMILAR_K = 1024
 _ACTION_KINDS = ("command", "tool_call", "model_call")  # all a signature reads; observations stay unread
 _LOCK_KEY = 0x7472_6F76_6564_7570  # "trovedup": the advisory lock of the one dedup writer
@@ -477,7 +476,7 @@ def similar_runs(
     width = k + 1
     while True:
         with _THREAD_LOCK:  # a writer thread may be adding to this same in-process copy
-            scores, ids = index.search(query, width, nprobe=SIMILAR_NPROBE)
+            scores, ids = index.search(query, width)  # tuned for the plain top-10
         hits = _hits(scores[0], ids[0], embedder, trajectory, same_task)
         if len(hits) >= k or width >= len(index) or width >= MAX_SIMILAR_K:
             return hits[:k]
