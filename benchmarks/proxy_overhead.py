@@ -213,30 +213,35 @@ def delete_bench_rollouts(bench: dict[str, Any]) -> None:
     Fleet.objects.filter(pk=bench["fleet_id"]).delete()
 
 
-def role_trove(port: int, upstream_url: str, sink_kind: str) -> None:
+def role_trove(port: int, upstream_url: str, sink_kind: str, workers: int | None) -> None:
+    """Trove's proxy as `run_proxy` serves it: `workers` processes (default: run_proxy's, one per CPU), each
+    with its own app and sink. `--sink count` is one process (its counter is the process's own)."""
     sys.path.insert(0, str(REPO))
     from aiohttp import web
 
-    from webapp.proxy.server import run_proxy
+    from webapp.proxy.server import default_workers, serve_proxy
 
-    if sink_kind == "count":
-        app, sink, recorded_now = _counting_app(upstream_url)
-    else:
+    if sink_kind != "count":
         _django()
-        from webapp.proxy.wiring import database_sink, make_trove_proxy_app
 
-        app, sink = make_trove_proxy_app(sink=database_sink() if sink_kind == "db" else None)
-        recorded_now = lambda: -1  # noqa: E731 - counted in the database by the orchestrator
+    def make_app() -> tuple[Any, Any]:
+        if sink_kind == "count":
+            app, sink, recorded_now = _counting_app(upstream_url)
+        else:
+            from webapp.proxy.wiring import database_sink, make_trove_proxy_app
 
-    async def recorded(request: web.Request) -> web.Response:
-        await asyncio.get_running_loop().run_in_executor(None, sink.flush, 30.0)
-        return web.json_response({"recorded": recorded_now()})
+            app, sink = make_trove_proxy_app(sink=database_sink() if sink_kind == "db" else None)
+            recorded_now = lambda: -1  # noqa: E731 - counted in the database by the orchestrator
 
-    app.router.add_get("/bench/recorded", recorded)
-    try:
-        run_proxy(app=app, host="127.0.0.1", port=port)
-    finally:
-        sink.close(30)
+        async def recorded(request: web.Request) -> web.Response:
+            await asyncio.get_running_loop().run_in_executor(None, sink.flush, 30.0)
+            return web.json_response({"recorded": recorded_now()})
+
+        app.router.add_get("/bench/recorded", recorded)
+        return app, sink
+
+    count = 1 if sink_kind == "count" else workers or default_workers()
+    serve_proxy(make_app, workers=count, host="127.0.0.1", port=port)
 
 
 def _counting_app(upstream_url: str) -> tuple[Any, Any, Any]:
@@ -257,8 +262,14 @@ def _counting_app(upstream_url: str) -> tuple[Any, Any, Any]:
     return make_proxy_app(resolve=resolve, sink=sink), sink, lambda: counted[0]
 
 
-def role_ingest() -> None:
-    """The full stack's ingest (what beat's `trove.proxy.ingest` runs), in a loop until terminated."""
+def role_ingest(nice: int) -> None:
+    """The full stack's ingest (what beat's `trove.proxy.ingest` runs), in a loop until terminated.
+
+    At `nice` (default 10): it is background work, and on a machine this small it shares two cores with
+    the proxy, the load generator and the mock upstream, so at normal priority it takes the request
+    path's CPU; lowered, it stores what the stream holds when the cores are free (`recorded_after_s`).
+    """
+    os.nice(nice)
     _django()
     from webapp.proxy.wiring import consumer_name, ingest_stream
 
@@ -593,6 +604,13 @@ def _keys(
     return keys
 
 
+def _trove_processes(sink_kind: str, workers: int | None) -> int:
+    sys.path.insert(0, str(REPO))
+    from webapp.proxy.server import default_workers
+
+    return 1 if sink_kind == "count" else workers or default_workers()
+
+
 def _check_environment(sink_kind: str) -> None:
     if sink_kind == "count":
         return
@@ -603,7 +621,8 @@ def _check_environment(sink_kind: str) -> None:
     _django()
 
 
-def orchestrate(requests: int, sink_kind: str, skip_litellm: bool, rounds: int, keep: bool = False) -> dict[str, Any]:
+def orchestrate(requests: int, sink_kind: str, skip_litellm: bool, rounds: int, keep: bool = False,
+                ingest_nice: int = 10, workers: int | None = None) -> dict[str, Any]:
     _check_environment(sink_kind)
     workdir = Path(tempfile.mkdtemp(prefix="trove-bench-proxy-"))
     processes: list[subprocess.Popen[bytes]] = []
@@ -619,9 +638,12 @@ def orchestrate(requests: int, sink_kind: str, skip_litellm: bool, rounds: int, 
             os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
         )
         trove_args = ["--role", "trove", "--port", str(trove_port), "--upstream", upstream_url, "--sink", sink_kind]
+        if workers:
+            trove_args += ["--workers", str(workers)]
         processes.append(_spawn(_self(*trove_args), env=env, log=trove_log))
         if sink_kind == "stream":
-            processes.append(_spawn(_self("--role", "ingest"), env=env, log=workdir / "ingest.log"))
+            processes.append(_spawn(_self("--role", "ingest", "--ingest-nice", str(ingest_nice)), env=env,
+                                    log=workdir / "ingest.log"))
         _wait_ready(f"{upstream_url}/v1/models", processes[0], upstream_log, timeout=30)
         _wait_ready(f"{trove_url}/healthz", processes[1], trove_log, timeout=60)
         litellm_url: str | None = None
@@ -643,13 +665,18 @@ def orchestrate(requests: int, sink_kind: str, skip_litellm: bool, rounds: int, 
             cpu_pids["litellm"] = [processes[-1].pid]
         results: dict[str, Any] = _measure(urls, requests, rounds, cpu_pids)
         expected = _sent(results["trove"])
+        measured = time.monotonic()
         recorded_fraction = round(_recorded(trove_url, expected, bench) / expected, 4)
+        recorded_after_s = round(time.monotonic() - measured, 2)
         for name, phases in results.items():
             for phase, figures in phases.items():
                 print(f"{name:8s} {phase:9s} {json.dumps(figures)}")
-        keys = {**_keys(results, recorded_fraction, litellm_missing), "sink": sink_kind}
+        keys = {**_keys(results, recorded_fraction, litellm_missing), "sink": sink_kind,
+                "recorded_after_s": recorded_after_s, "trove_processes": _trove_processes(sink_kind, workers),
+                "litellm_processes": 1 if litellm_url else None}
         if sink_kind == "stream":  # the ingest process's whole run, over every call it stored
             keys["ingest_cpu_ms_per_call"] = round(1000 * _cpu_seconds([processes[2].pid]) / expected, 3)
+            keys["ingest_nice"] = ingest_nice
         return keys
     finally:
         for process in reversed(processes):
@@ -678,22 +705,27 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--per-worker", action="store_true")
-    parser.add_argument("--sink", choices=["count", "db", "stream"], default="count")
+    parser.add_argument("--sink", choices=["count", "db", "stream"], default="stream")
+    parser.add_argument("--ingest-nice", type=int, default=10,
+                        help="--sink stream: the ingest process's niceness (0: the request path's priority)")
     parser.add_argument("--keep", action="store_true", help="--sink db|stream: keep the benchmark's rollouts")
     parser.add_argument("--skip-litellm", action="store_true")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="Trove's proxy processes (default: run_proxy's, one per CPU; --sink count: 1)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per phase")
     args = parser.parse_args()
     if args.role == "upstream":
         role_upstream(args.port)
     elif args.role == "trove":
-        role_trove(args.port, args.upstream, args.sink)
+        role_trove(args.port, args.upstream, args.sink, args.workers)
     elif args.role == "loadgen":
         role_loadgen(args.url, requests=args.requests, concurrency=args.concurrency, stream=args.stream,
                      per_worker=args.per_worker)
     elif args.role == "ingest":
-        role_ingest()
+        role_ingest(args.ingest_nice)
     else:
-        print(json.dumps(orchestrate(args.requests, args.sink, args.skip_litellm, args.rounds, args.keep)))
+        print(json.dumps(orchestrate(args.requests, args.sink, args.skip_litellm, args.rounds, args.keep,
+                                     args.ingest_nice, args.workers)))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import os
 import re
@@ -39,6 +38,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from webapp.proxy import jsonfast
 from webapp.proxy.recorder import RecordSink
 from webapp.proxy.records import CallRecord
 from webapp.proxy.sse import assemble_stream
@@ -225,7 +225,7 @@ class _Proxy:
     ) -> web.StreamResponse:
         raw = await request.read()
         try:
-            body = json.loads(raw)
+            body = jsonfast.loads(raw)
         except ValueError:
             body = None
         if not isinstance(body, dict):
@@ -234,7 +234,7 @@ class _Proxy:
         call.request = body
         if target.model_override:
             body["model"] = target.model_override
-            raw = json.dumps(body, ensure_ascii=False).encode()
+            raw = jsonfast.dumps(body)
         return await self._forward_chat(request, target, raw, call)
 
     async def _forward_chat(
@@ -402,7 +402,7 @@ class _Call:
 
     def _parsed_body(self) -> dict[str, Any] | None:
         try:
-            body = json.loads(self.body) if self.body else None
+            body = jsonfast.loads(self.body) if self.body else None
         except ValueError:
             body = None
         if self.status >= 400:

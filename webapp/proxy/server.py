@@ -1,21 +1,29 @@
-"""Running the proxy app: in the foreground (its own process) or in a background thread with its own
-event loop (the embedded default, inside the web process). Either way it can listen on TCP, on a Unix
-socket, or both. uvloop is used when it is installed, and not required.
+"""Running the proxy app: in the foreground (its own process, or several: `serve_proxy`) or in a
+background thread with its own event loop (the embedded default, inside the web process). Either way it
+can listen on TCP, on a Unix socket, or both. uvloop is used when it is installed, and not required.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import socket
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
 log = logging.getLogger(__name__)
 
 GIL_SWITCH_INTERVAL_S = 0.0005
+MAX_DEFAULT_WORKERS = 8
+RESPAWN_DELAY_S = 1.0
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -32,12 +40,15 @@ def run_proxy(
     host: str = "127.0.0.1",
     port: int | None = 8090,
     unix_path: str | None = None,
+    unix_socket: socket.socket | None = None,
+    reuse_port: bool = False,
     shutdown_timeout: float = 30.0,
     access_log: bool = False,
     gil_switch_interval_s: float | None = GIL_SWITCH_INTERVAL_S,
 ) -> None:
-    """Serve `app` in the foreground until SIGINT / SIGTERM. `port=None` with a `unix_path` listens on
-    the socket only.
+    """Serve `app` in the foreground, in this process, until SIGINT / SIGTERM. `port=None` with a
+    `unix_path` (or an already bound `unix_socket`) listens on the socket only. Access logging is off by
+    default: a log line per call costs more than the rest of the proxy's own work on it.
 
     The process is the proxy's, so its GIL switch interval is tuned for the event loop (None: leave it):
     while the record writer's thread runs Python (the database writer is CPU work), a loop thread that
@@ -51,11 +62,172 @@ def run_proxy(
         host=host if port is not None else None,
         port=port,
         path=unix_path,
+        sock=unix_socket,
+        reuse_port=reuse_port or None,
         shutdown_timeout=shutdown_timeout,
         access_log=logging.getLogger("aiohttp.access") if access_log else None,
         print=None,
         loop=new_event_loop(),
     )
+
+
+AppFactory = Callable[[], tuple[web.Application, Any]]  # -> (app, its record sink: anything with close())
+
+
+def default_workers() -> int:
+    """The proxy's default process count: one per CPU this process may run on, at most
+    MAX_DEFAULT_WORKERS. The proxy is CPU-bound Python (one core per process at most); more processes than
+    cores only add context switches, and each holds a database connection for its token checks."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_DEFAULT_WORKERS))
+
+
+def serve_proxy(
+    make_app: AppFactory,
+    *,
+    workers: int = 1,
+    host: str = "127.0.0.1",
+    port: int | None = 8090,
+    unix_path: str | None = None,
+    shutdown_timeout: float = 30.0,
+    sink_close_timeout: float = 30.0,
+) -> None:
+    """Serve the proxy in the foreground until SIGINT / SIGTERM, in `workers` processes.
+
+    `make_app()` returns (app, sink); each process makes its own (its own event loop, upstream pool,
+    token connection, record sink and spool segment) and closes the sink after its app has stopped, so
+    every call it answered is handed on before it exits. With several workers this process supervises:
+    each worker listens on the TCP port with SO_REUSEPORT (the kernel spreads connections over them) and
+    on the Unix socket this process bound; a worker that dies is started again after RESPAWN_DELAY_S;
+    SIGINT / SIGTERM is passed on to every worker and waited for. The caller must hold no threads or
+    database connections across the fork (make them in `make_app`).
+    """
+    if workers <= 1:
+        _serve_here(make_app, host=host, port=port, unix_path=unix_path, shutdown_timeout=shutdown_timeout,
+                    sink_close_timeout=sink_close_timeout)
+        return
+    if port == 0:
+        raise ValueError("several workers share a fixed port: pass one (not 0)")
+    unix_socket = _bound_unix_socket(unix_path) if unix_path is not None else None
+    _Supervisor(
+        lambda: _serve_here(make_app, host=host, port=port, unix_socket=unix_socket, reuse_port=True,
+                            shutdown_timeout=shutdown_timeout, sink_close_timeout=sink_close_timeout),
+        workers=workers,
+        stop_timeout=shutdown_timeout + sink_close_timeout + 5.0,
+    ).run()
+
+
+def _serve_here(
+    make_app: AppFactory,
+    *,
+    host: str,
+    port: int | None,
+    unix_path: str | None = None,
+    unix_socket: socket.socket | None = None,
+    reuse_port: bool = False,
+    shutdown_timeout: float,
+    sink_close_timeout: float,
+) -> None:
+    app, sink = make_app()
+    try:
+        run_proxy(app=app, host=host, port=port, unix_path=unix_path, unix_socket=unix_socket,
+                  reuse_port=reuse_port, shutdown_timeout=shutdown_timeout)
+    finally:
+        sink.close(sink_close_timeout)
+
+
+def _bound_unix_socket(path: str) -> socket.socket:
+    # Bound once, here: a Unix socket cannot be shared with SO_REUSEPORT; the workers accept on this one.
+    if os.path.exists(path):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    return sock
+
+
+class _Supervisor:
+    """Forks `workers` children running `serve`, starts again one that dies, and stops them all on
+    SIGINT / SIGTERM."""
+
+    def __init__(self, serve: Callable[[], None], *, workers: int, stop_timeout: float) -> None:
+        self._serve = serve
+        self._workers = workers
+        self._stop_timeout = stop_timeout
+        self._children: set[int] = set()
+        self._stopping = False
+
+    def run(self) -> None:
+        previous = {sig: signal.signal(sig, self._on_stop_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for _ in range(self._workers):
+                self._spawn()
+            while self._children:
+                try:
+                    pid, status = os.wait()
+                except ChildProcessError:
+                    break
+                except InterruptedError:
+                    continue
+                self._children.discard(pid)
+                if not self._stopping:
+                    log.error("proxy worker %d exited (status %d); starting another", pid, status)
+                    time.sleep(RESPAWN_DELAY_S)
+                    if not self._stopping:
+                        self._spawn()
+        finally:
+            self._stop_all()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _spawn(self) -> None:
+        pid = os.fork()
+        if pid == 0:  # the worker: aiohttp's run_app installs its own SIGINT / SIGTERM handling
+            code = 1
+            try:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(sig, signal.SIG_DFL)
+                self._serve()
+                code = 0
+            except BaseException:
+                log.exception("proxy worker failed")
+            finally:
+                logging.shutdown()
+                os._exit(code)
+        self._children.add(pid)
+
+    def _on_stop_signal(self, signum: int, frame: Any) -> None:
+        self._stopping = True
+        for pid in list(self._children):
+            _signal_quietly(pid, signal.SIGTERM)
+
+    def _stop_all(self) -> None:
+        self._stopping = True
+        deadline = time.monotonic() + self._stop_timeout
+        for pid in list(self._children):
+            _signal_quietly(pid, signal.SIGTERM)
+        while self._children and time.monotonic() < deadline:
+            for pid in list(self._children):
+                try:
+                    done, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    done = pid
+                if done:
+                    self._children.discard(pid)
+            time.sleep(0.05)
+        for pid in self._children:  # past the grace: a worker stuck in shutdown
+            _signal_quietly(pid, signal.SIGKILL)
+
+
+def _signal_quietly(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 @dataclass

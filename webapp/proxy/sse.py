@@ -9,9 +9,10 @@ logprob and token-id lists concatenate, the last `finish_reason` and the last `u
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from webapp.proxy import jsonfast
 
 # Delta keys that are not text to concatenate.
 _STRUCTURED_DELTA_KEYS = frozenset({"role", "tool_calls", "function_call"})
@@ -63,7 +64,7 @@ class _Assembler:
             self.done = True
             return False
         try:
-            chunk = json.loads(data)
+            chunk = jsonfast.loads(data)
         except ValueError:
             self._note_error(f"malformed data line: {data[:200]!r}")
             return False
