@@ -242,14 +242,15 @@ def time_copy(rows: tuple[list, list, list]) -> float:
     """Raw COPY of one batch's prepared rows (trajectories, blobs, steps) in one transaction."""
     from django.db import transaction
 
+    from experience.services import blobs as blob_table
     from experience.services.bulk import copy_rows
     from experience.services.ingest import _STEP_COLUMNS
 
     trajectories, blobs, steps = rows
     started = time.perf_counter()
-    with transaction.atomic():
+    with transaction.atomic():  # each table in the format the bulk path writes it
         copy_rows("experience_trajectory", TRAJECTORY_COPY_COLUMNS + EMPTY_DEFAULTS, trajectories)
-        copy_rows("experience_blob", ("sha256", "size", "encoding", "data", "created_at"), blobs)
+        copy_rows("experience_blob", blob_table.COLUMNS, blobs, types=blob_table.COLUMN_TYPES)
         copy_rows("experience_step", _STEP_COLUMNS, steps)
     return time.perf_counter() - started
 

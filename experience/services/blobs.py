@@ -17,7 +17,8 @@ COMPRESS_MIN_BYTES = 512
 _LOOKUP_CHUNK = 5000  # digests per "which of these exist" query (SQLite caps bound parameters)
 _compressor = zstandard.ZstdCompressor(level=1)
 _decompressor = zstandard.ZstdDecompressor()
-_COLUMNS = ("sha256", "size", "encoding", "data", "created_at")
+COLUMNS = ("sha256", "size", "encoding", "data", "created_at")
+COLUMN_TYPES = ("varchar", "int8", "varchar", "bytea", "timestamptz")  # for a binary COPY of COLUMNS
 
 
 def sha256_hex(content: bytes) -> str:
@@ -57,8 +58,8 @@ def blobs_store(contents: Mapping[str, bytes]) -> int:
             now = timezone.now()
             ordered = sorted(missing)  # one order for every writer, so two racing on shared content cannot deadlock
             copy_ignoring_conflicts(
-                "experience_blob", _COLUMNS, lambda: ((d, len(contents[d]), *_encode(contents[d]), now) for d in ordered),
-                conflict="sha256",
+                "experience_blob", COLUMNS, lambda: ((d, len(contents[d]), *_encode(contents[d]), now) for d in ordered),
+                conflict="sha256", types=COLUMN_TYPES,
             )
         else:
             Blob.objects.bulk_create(
@@ -69,9 +70,12 @@ def blobs_store(contents: Mapping[str, bytes]) -> int:
 
 def _missing(contents: Mapping[str, bytes]) -> list[str]:
     digests = list(contents)
-    if is_postgres():  # one array parameter: an IN list of thousands of parameters is slow to build and send
+    if is_postgres():
+        # One text parameter split by Postgres: an IN list of thousands of parameters is slow to build and
+        # send, and even an array parameter costs psycopg a Python call per digest to dump.
         with connection.cursor() as cursor:
-            cursor.execute("SELECT sha256 FROM experience_blob WHERE sha256 = ANY(%s)", [digests])
+            cursor.execute("SELECT sha256 FROM experience_blob WHERE sha256 = ANY(string_to_array(%s, ','))",
+                           [",".join(digests)])
             existing = {row[0] for row in cursor.fetchall()}
     else:
         existing = set()

@@ -202,15 +202,16 @@ def test_two_writers_sending_the_same_batch_at_once_store_it_once():
 
 @postgres_only
 def test_a_blob_stored_meanwhile_by_another_writer_is_kept_once():
-    from experience.services.blobs import _COLUMNS, _encode
+    from experience.services.blobs import COLUMN_TYPES, COLUMNS, _encode
     from experience.services.bulk import copy_ignoring_conflicts
 
     blob_put_many([b"already there"])
     fresh = {sha256_hex(c): c for c in (b"already there", b"new content")}
 
     # as if our "which exist?" check ran before the other writer stored the first one
-    copy_ignoring_conflicts("experience_blob", _COLUMNS, lambda: (
-        (d, len(c), *_encode(c), timezone.now()) for d, c in sorted(fresh.items())), conflict="sha256")
+    copy_ignoring_conflicts("experience_blob", COLUMNS, lambda: (
+        (d, len(c), *_encode(c), timezone.now()) for d, c in sorted(fresh.items())), conflict="sha256",
+        types=COLUMN_TYPES)
 
     assert sorted(Blob.objects.values_list("sha256", flat=True)) == sorted(fresh)
 
