@@ -244,14 +244,14 @@ def time_copy(rows: tuple[list, list, list]) -> float:
 
     from experience.services import blobs as blob_table
     from experience.services.bulk import copy_rows
-    from experience.services.ingest import _STEP_COLUMNS
+    from experience.services.ingest import _STEP_COLUMNS, _STEP_TYPES
 
     trajectories, blobs, steps = rows
     started = time.perf_counter()
     with transaction.atomic():  # each table in the format the bulk path writes it
         copy_rows("experience_trajectory", TRAJECTORY_COPY_COLUMNS + EMPTY_DEFAULTS, trajectories)
         copy_rows("experience_blob", blob_table.COLUMNS, blobs, types=blob_table.COLUMN_TYPES)
-        copy_rows("experience_step", _STEP_COLUMNS, steps)
+        copy_rows("experience_step", _STEP_COLUMNS, steps, types=_STEP_TYPES)
     return time.perf_counter() - started
 
 

@@ -44,6 +44,13 @@ _STEP_COLUMNS = (
     "id", "trajectory_id", "seq", "kind", "started_at", "ended_at", "duration_ms", "tokens_in", "tokens_out",
     "exit_code", "is_error", "call_id", "preview", "payload", "blob_refs",
 )
+# Steps go in COPY's binary format (nothing to escape; Postgres parses no text for numbers and times). A jsonb
+# field in binary is a version byte then the JSON text (`_jsonb`); COPY sends no types, so it is declared
+# bytea here only to have psycopg send those bytes as they are.
+_STEP_TYPES = (
+    "int8", "int8", "int4", "varchar", "timestamptz", "timestamptz", "float8", "int4", "int4",
+    "int4", "bool", "varchar", "text", "bytea", "bytea",
+)
 
 
 @dataclass(frozen=True)
@@ -165,7 +172,7 @@ def _trajectory_row(record: TrajectoryRecord, original_blob: str) -> Trajectory:
 def _insert_steps(runs: list[tuple[int, list[StepRecord]]], sink: BlobSink) -> None:
     if is_postgres():
         ids = next_ids(Step._meta.db_table, "id", sum(len(steps) for _, steps in runs))
-        copy_rows(Step._meta.db_table, _STEP_COLUMNS, _step_copy_rows(runs, sink, iter(ids)))
+        copy_rows(Step._meta.db_table, _STEP_COLUMNS, _step_copy_rows(runs, sink, iter(ids)), types=_STEP_TYPES)
     else:  # contexts as full lists: a delta names its base's id, which bulk_create does not give beforehand
         prepared = (
             (trajectory_id, seq, prepare_step(step, sink))
@@ -194,8 +201,13 @@ def _copy_row(step_id: int, trajectory_id: int, seq: int, item: PreparedStep, re
     r = item.record
     return (
         step_id, trajectory_id, seq, r.kind, r.started_at, r.ended_at, r.duration_ms, r.tokens_in, r.tokens_out,
-        r.exit_code, r.is_error, r.call_id, item.preview, item.payload_json, refs_json(refs),
+        r.exit_code, r.is_error, r.call_id, item.preview, _jsonb(item.payload_json), _jsonb(refs_json(refs)),
     )
+
+
+def _jsonb(text: str) -> bytes:
+    """A jsonb value in COPY's binary format: version 1, then the JSON text."""
+    return b"\x01" + text.encode()
 
 
 def _step_row(trajectory_id: int, seq: int, item: PreparedStep, *, derive_duration: bool = False) -> Step:
