@@ -20,6 +20,8 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import multiprocessing
+import pickle
 import re
 import shutil
 import threading
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, connections, transaction
 from django.db.models import Count, Max, Q, QuerySet
 from django.utils import timezone
 
@@ -54,6 +56,10 @@ log = logging.getLogger("trove.datasets")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 LABEL_SOURCE = "rubric"
 MANIFEST_FILE = "manifest.json"
+# Read the store in a process of its own during a build (see `_read_aside`), and how many batches it may
+# have read ahead.
+READ_ASIDE = True
+READ_AHEAD_BATCHES = 2
 
 
 # --- specs and filters -----------------------------------------------------------------------------------
@@ -275,10 +281,81 @@ def _build_files(version: DatasetVersion) -> dict[str, Any]:
 
 
 def _labelled(spec: DatasetSpec, progress: Progress) -> Iterator[SourceRun]:
-    """The spec's runs, writing each batch's rubric labels as it passes (one batch in memory at a time)."""
-    for batch in source_run_batches(spec, progress=progress):
-        rubric_labels_write(runs=[run for run in batch if run.record.steps])
+    """The spec's runs, writing each batch's rubric labels as it passes (a batch or two in memory at a
+    time). Read in a process of its own when it can be (`_read_aside`), else here."""
+    if READ_ASIDE and connection.vendor == "postgresql" and not connection.in_atomic_block:
+        yield from _read_aside(spec, progress)
+        return
+    for batch in _labelled_batches(spec, progress):
         yield from batch
+
+
+def _labelled_batches(spec: DatasetSpec, progress: Progress) -> Iterator[list[StoredRun]]:
+    """The read path's batches, each run's rubric made and each batch's labels written."""
+    for batch in source_run_batches(spec, progress=progress):
+        scored = [run for run in batch if run.record.steps]
+        for run in scored:
+            _ = run.scored  # made here, where a reader process has the time for it
+        rubric_labels_write(runs=scored)
+        yield batch
+
+
+def _read_aside(spec: DatasetSpec, progress: Progress) -> Iterator[SourceRun]:
+    """`_labelled_batches` run by a forked process on its own database connection, handing this one
+    pickled batches through a bounded queue: reading the store, rebuilding records and the rubric take
+    about as long as making and writing the rows, so the two halves run on two cores. Like the read
+    path's prefetch, only outside a transaction (the reader cannot see what this connection has not
+    committed). An error in the reader is raised here; the reader is ended if this side stops first."""
+    context = multiprocessing.get_context("fork")
+    batches: Any = context.Queue(maxsize=READ_AHEAD_BATCHES)
+    reader = context.Process(
+        target=_reader_main, args=(spec, progress.show, batches), name="dataset-reader", daemon=True
+    )
+    reader.start()
+    try:
+        while True:
+            kind, value = batches.get()
+            if kind == "batch":
+                yield from value
+            elif kind == "done":
+                progress.runs, progress.steps = value
+                return
+            else:
+                raise value
+    finally:
+        if reader.is_alive():
+            reader.terminate()
+        reader.join()
+
+
+def _reader_main(spec: DatasetSpec, show: Callable[[int, int], None] | None, batches: Any) -> None:
+    """The reader process: on fresh connections (the inherited ones belong to the parent, whose session
+    holds the build's lock: they are set aside, never closed, and the process ends with os._exit)."""
+    for alias in connections.all():
+        _PARENT_CONNECTIONS.append(alias.connection)  # kept alive: closing one would end the parent's
+        alias.connection = None
+    progress = Progress(show=show)
+    try:
+        for batch in _labelled_batches(spec, progress):
+            batches.put(("batch", batch))
+        batches.put(("done", (progress.runs, progress.steps)))
+    except BaseException as error:  # noqa: BLE001 - handed to the parent, which raises it
+        batches.put(("error", _picklable(error)))
+    finally:
+        connections.close_all()
+        batches.close()
+        batches.join_thread()
+
+
+_PARENT_CONNECTIONS: list[Any] = []  # in a reader process: the parent's connections, never to be closed
+
+
+def _picklable(error: BaseException) -> BaseException:
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - any error that does not survive the trip is named instead
+        return RuntimeError(f"dataset reader: {type(error).__name__}: {error}")
+    return error
 
 
 def _show_progress(version_id: int) -> Callable[[int, int], None]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -385,3 +386,50 @@ def test_outside_a_transaction_the_next_batch_is_fetched_ahead_on_its_own_connec
     assert len(ahead) == 11 and ahead == in_line
     assert any(name.startswith("dataset-fetch") for name in fetch_threads)
     assert threading.current_thread().name in fetch_threads, "the in-line pass fetched on this thread"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outside_a_transaction_a_reader_process_reads_the_store_and_the_build_is_the_same(
+    monkeypatch, tmp_path
+):
+    monkeypatch.setattr(dataset_source, "RUN_BATCH", 2)
+    store_tasks(TASKS[:3], good=1, bad=2)
+    pids = tmp_path / "reader-pids"
+    real_batches = datasets._labelled_batches
+
+    def watched(spec, progress):
+        with pids.open("a") as handle:  # a file: the reader is another process
+            handle.write(f"{os.getpid()}\n")
+        yield from real_batches(spec, progress)
+
+    monkeypatch.setattr(datasets, "_labelled_batches", watched)
+    aside = build(name="aside")
+    labels_aside = sorted(Label.objects.values_list("trajectory_id", "name", "value", "step_id"))
+    Label.objects.all().delete()
+    monkeypatch.setattr(datasets, "READ_ASIDE", False)
+    in_line = build(name="in-line")
+
+    readers = [int(pid) for pid in pids.read_text().split()]
+    assert readers[0] != os.getpid() and readers[1] == os.getpid(), "the first build read in another process"
+    assert aside.status == in_line.status == "ready"
+    assert aside.content_hash == in_line.content_hash
+    assert aside.manifest["store"] == in_line.manifest["store"] and aside.manifest["store"]["runs_read"] == 9
+    assert [f["sha256"] for f in aside.manifest["files"]] == [f["sha256"] for f in in_line.manifest["files"]]
+    assert labels_aside == sorted(Label.objects.values_list("trajectory_id", "name", "value", "step_id"))
+    assert len(labels_aside) == 9 * len(LABELS)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_error_in_the_reader_process_fails_the_version_with_that_error(monkeypatch):
+    store_tasks(TASKS[:2])
+
+    def broken(spec, progress):
+        raise ValueError("the store is on fire")
+        yield
+
+    monkeypatch.setattr(datasets, "_labelled_batches", broken)
+    version = build(name="broken")
+
+    assert version.status == "failed"
+    assert version.error == "internal error: ValueError: the store is on fire"
+    assert not Path(datasets.version_dir(version)).exists()
