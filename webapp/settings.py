@@ -190,6 +190,9 @@ TROVE_DEMO_SERVE = env_str("DEMO_SERVE", "1")
 TROVE_ROLLOUT_HEARTBEAT_S = env_int("TROVE_ROLLOUT_HEARTBEAT_S", 10)
 TROVE_ROLLOUT_STALE_S = env_int("TROVE_ROLLOUT_STALE_S", 60)
 TROVE_ROLLOUT_MAX_ATTEMPTS = env_int("TROVE_ROLLOUT_MAX_ATTEMPTS", 3)
+# A queued rollout of an open job whose message was sent this long ago, while the broker queue is empty, is
+# sent again (its message was lost, e.g. Redis lost data); a duplicate is a no-op (trove.rollouts.reap_stale).
+TROVE_ROLLOUT_RESEND_S = env_int("TROVE_ROLLOUT_RESEND_S", 120)
 TROVE_MAX_BODY_BYTES = env_int("TROVE_MAX_BODY_BYTES", 32 * 1024 * 1024)
 TROVE_MAX_STEPS_PER_TRAJECTORY = env_int("TROVE_MAX_STEPS_PER_TRAJECTORY", 20000)
 TROVE_MAX_CONTENT_CHARS = env_int("TROVE_MAX_CONTENT_CHARS", 4 * 1024 * 1024)

@@ -25,7 +25,6 @@ commands, the release of the lease), `eval_ms` the evaluation command. The rest 
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -170,13 +169,10 @@ def rollout_run(*, rollout_id: int, worker: str) -> str | None:
     attempt), or None if it was not ours to run."""
     clock = Clock()
     close_old_connections()
-    rollout = rollout_services.rollout_start(rollout_id=rollout_id, worker=worker)
+    # One commit: the claim, the attempt's trajectory, and a token of its own (module docstring).
+    rollout = rollout_services.rollout_start(rollout_id=rollout_id, worker=worker, open_trajectory=_open_trajectory)
     if rollout is None:
         return None
-    with transaction.atomic():  # one commit: the attempt's trajectory, and a token of its own (module docstring)
-        trajectory = _open_trajectory(rollout)
-        rollout.trajectory, rollout.token = trajectory, secrets.token_urlsafe(24)
-        Rollout.objects.filter(pk=rollout.pk).update(trajectory=trajectory, token=rollout.token)
     with Heartbeat(rollout.pk, worker, settings.TROVE_ROLLOUT_HEARTBEAT_S) as heartbeat:
         return Attempt(rollout, worker, heartbeat, clock).run()
 
@@ -233,8 +229,8 @@ class Attempt:
         self.lease = self.heartbeat.lease = lease
         if lease.sandbox.cold_claim:  # the wait was the sandbox being created, not scheduling
             self.clock.sandbox_ms += lease.claim_ms
-        with relaxed_commit():  # a pointer for the reaper; the lease itself (already committed) guards the sandbox
-            Rollout.objects.filter(pk=self.rollout.pk).update(sandbox=lease.sandbox)
+        # A pointer for the reaper; the lease itself (already committed) guards the sandbox.
+        rollout_services.rollout_set_sandbox(rollout_id=self.rollout.pk, sandbox_id=lease.sandbox.pk)
         self.record(StepRecord(kind="sandbox_event", started_at=now(), text=_lease_note(lease),
                                payload={"sandbox": lease.sandbox.name, "cold": lease.sandbox.cold_claim,
                                         "claim_ms": round(lease.claim_ms, 1)}))
@@ -348,17 +344,19 @@ class Attempt:
         task = self.rollout.task
         passed = result.exit_code == task.success_exit_code and not result.timed_out
         reward = 1.0 if passed else 0.0
-        with transaction.atomic():  # one commit: the evaluation's step and the trajectory's outcome
+        status = R.SUCCEEDED if passed else R.FAILED
+        # One commit (one WAL flush): the evaluation's step, the trajectory's outcome and the rollout's. Locks
+        # are taken in the order trajectory, job, rollout; nothing takes a trajectory's lock after a job's.
+        with transaction.atomic():
             self.record(_eval_step(task, result, started_at, passed, reward))
-            self.flush()
+            self.flush(relaxed=False)
             trajectory_finish(trajectory_id=self.trajectory_id, status="completed", reward=reward, success=passed,
                               final_diff=diff.stdout if diff.exit_code == 0 else "")
-        status = R.SUCCEEDED if passed else R.FAILED
-        rollout_services.rollout_finish(
-            rollout_id=self.rollout.pk, worker=self.worker, status=status, reward=reward, steps=steps,
-            eval_output=(result.stdout + result.stderr)[-4000:], eval_timed_out=result.timed_out,
-            timings=self.clock.as_dict(),
-        )
+            rollout_services.rollout_finish(
+                rollout_id=self.rollout.pk, job_id=self.job.pk, worker=self.worker, status=status, reward=reward,
+                steps=steps, eval_output=(result.stdout + result.stderr)[-4000:], eval_timed_out=result.timed_out,
+                timings=self.clock.as_dict(),
+            )
         return status
 
     def evaluate(self) -> tuple[ExecResult, ExecResult, datetime]:
@@ -385,7 +383,7 @@ class Attempt:
         if not error.permanent and rollout.attempt < settings.TROVE_ROLLOUT_MAX_ATTEMPTS:
             if rollout_services.rollout_requeue(rollout_id=rollout.pk, worker=worker, error=message):
                 return R.QUEUED
-        rollout_services.rollout_finish(rollout_id=rollout.pk, worker=worker, status=R.INFRA_ERROR,
+        rollout_services.rollout_finish(rollout_id=rollout.pk, job_id=self.job.pk, worker=worker, status=R.INFRA_ERROR,
                                         error=message[:4000], timings=self.clock.as_dict())
         return R.INFRA_ERROR
 
@@ -403,13 +401,18 @@ class Attempt:
         if time.monotonic() - self.pending_since >= STEP_FLUSH_S:
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self, *, relaxed: bool = True) -> None:
         """Write the queued steps. Committed asynchronously (no WAL flush wait): the trajectory's finish, a
-        normal commit, comes after and makes them durable with it."""
-        if self.pending:
-            steps, self.pending = self.pending, []
+        normal commit, comes after and makes them durable with it. `relaxed=False` inside the caller's
+        transaction, which commits them (no nested transaction: fewer round trips)."""
+        if not self.pending:
+            return
+        steps, self.pending = self.pending, []
+        if relaxed:
             with relaxed_commit():
                 steps_append(trajectory_id=self.trajectory_id, steps=steps)
+        else:
+            steps_append(trajectory_id=self.trajectory_id, steps=steps)
 
     def settle(self) -> None:
         """Write the queued steps, then wait until the proxy's records of the harness's calls are stored."""

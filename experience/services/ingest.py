@@ -21,8 +21,8 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, OperationalError, transaction
-from django.db.models import Count, F, Max, Q, Sum
+from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from experience.dedup.signature import exact_hash
@@ -280,12 +280,17 @@ def _duration(started: datetime | None, finished: datetime | None) -> float | No
 
 
 def trajectory_open(*, record: TrajectoryRecord) -> Trajectory:
-    """Create the trajectory row for a run that is starting (steps come later). Idempotent on source_ref."""
+    """Create the trajectory row for a run that is starting (steps come later). Idempotent on source_ref.
+
+    Inside a caller's transaction this is a savepoint and one INSERT: the run is almost always new, so the
+    lookup is made only when the insert finds it taken."""
     validate_trajectory(record)
-    trajectory, _ = Trajectory.objects.get_or_create(
-        source=record.source, source_ref=record.source_ref, defaults=_trajectory_fields(record)
-    )
-    return trajectory
+    try:
+        with transaction.atomic():
+            return Trajectory.objects.create(source=record.source, source_ref=record.source_ref,
+                                             **_trajectory_fields(record))
+    except IntegrityError:
+        return Trajectory.objects.get(source=record.source, source_ref=record.source_ref)
 
 
 def steps_append(*, trajectory_id: int, steps: Sequence[StepRecord], first_seq: int | None = None) -> list[Step]:
@@ -302,9 +307,12 @@ def steps_append(*, trajectory_id: int, steps: Sequence[StepRecord], first_seq: 
         raise ValidationError("first_seq: must be 0 or more", field="first_seq")
     sink = BlobSink()
     prepared = [prepare_step(step, sink) for step in steps]
+    # Unnumbered steps without call ids cannot collide with anything stored (and are all added): inside a
+    # caller's transaction they need no savepoint of their own, two round trips fewer (the runner's batches).
+    savepoint = first_seq is not None or not prepared or any(p.record.call_id for p in prepared)
     for attempt in range(2):
         try:
-            with transaction.atomic():
+            with transaction.atomic(savepoint=savepoint):
                 blobs_store(sink.contents)
                 return _append(trajectory_id, prepared, first_seq)
         except IntegrityError:
@@ -316,37 +324,50 @@ def steps_append(*, trajectory_id: int, steps: Sequence[StepRecord], first_seq: 
 
 
 def _append(trajectory_id: int, prepared: list[PreparedStep], first_seq: int | None) -> list[Step]:
-    trajectory = _locked(trajectory_id)
+    # Three statements when the steps come in time order (the usual case): reserve their numbers under the
+    # row lock, look for call ids already stored and anything stored later than them, insert.
+    start = _locked(trajectory_id, reserve=len(prepared))
     if first_seq is not None:
-        if first_seq > trajectory.next_seq:
+        if first_seq > start:
             raise ValidationError(
-                f"first_seq: {first_seq} would leave a gap; the trajectory's next step is {trajectory.next_seq}",
-                field="first_seq",
+                f"first_seq: {first_seq} would leave a gap; the trajectory's next step is {start}", field="first_seq"
             )
-        prepared = prepared[trajectory.next_seq - first_seq :]
-    fresh = _not_yet_stored(trajectory_id, prepared)
+        prepared = prepared[start - first_seq :]
+    earliest_new = min((p.record.started_at for p in prepared if p.record.started_at), default=None)
+    fresh, out_of_order = _not_yet_stored(trajectory_id, prepared, earliest_new)
     if not fresh:
+        transaction.set_rollback(True)  # nothing to add: undo the reservation (and the reindex flag)
         return []
-    if trajectory.next_seq + len(fresh) > settings.TROVE_MAX_STEPS_PER_TRAJECTORY:
+    if start + len(fresh) > settings.TROVE_MAX_STEPS_PER_TRAJECTORY:
         raise LimitExceeded(
             f"trajectory {trajectory_id} would exceed {settings.TROVE_MAX_STEPS_PER_TRAJECTORY} steps", field="steps"
         )
-    latest = _latest_start(trajectory_id)
-    rows = [_step_row(trajectory_id, trajectory.next_seq + i, item, derive_duration=True) for i, item in enumerate(fresh)]
+    if len(fresh) != len(prepared):  # some were stored already: give back the numbers they had reserved
+        Trajectory.objects.filter(pk=trajectory_id).update(next_seq=start + len(fresh))
+    rows = [_step_row(trajectory_id, start + i, item, derive_duration=True) for i, item in enumerate(fresh)]
     created = Step.objects.bulk_create(rows)
-    # New steps have no search document yet: back into the search indexer's queue (under our row lock).
-    Trajectory.objects.filter(pk=trajectory_id).update(next_seq=trajectory.next_seq + len(rows), search_indexed=False)
-    earliest_new = min((r.started_at for r in rows if r.started_at), default=None)
-    if latest and earliest_new and earliest_new < latest:
+    if out_of_order:
         _renumber_by_time(trajectory_id)
     return created
 
 
-def _not_yet_stored(trajectory_id: int, prepared: list[PreparedStep]) -> list[PreparedStep]:
+def _not_yet_stored(
+    trajectory_id: int, prepared: list[PreparedStep], earliest_new: datetime | None
+) -> tuple[list[PreparedStep], bool]:
+    """The steps whose call id is not stored yet (nor repeated earlier in `prepared`), and whether a step
+    already stored started later than the earliest of `prepared` (then seq must be renumbered by time).
+    One query, none when there is neither a call id nor a start time to check."""
     call_ids = [p.record.call_id for p in prepared if p.record.call_id]
-    seen = set(
-        Step.objects.filter(trajectory_id=trajectory_id, call_id__in=call_ids).values_list("call_id", flat=True)
-    ) if call_ids else set()
+    seen: set[str] = set()
+    out_of_order = False
+    if call_ids or earliest_new:
+        later = Q(started_at__gt=earliest_new) if earliest_new else Q(pk__in=[])
+        rows = Step.objects.filter(Q(call_id__in=call_ids) | later, trajectory_id=trajectory_id)
+        for call_id, started_at in rows.values_list("call_id", "started_at"):
+            if call_id in call_ids:
+                seen.add(call_id)
+            if earliest_new and started_at and started_at > earliest_new:
+                out_of_order = True
     fresh = []
     for item in prepared:
         if item.record.call_id and item.record.call_id in seen:
@@ -354,31 +375,42 @@ def _not_yet_stored(trajectory_id: int, prepared: list[PreparedStep]) -> list[Pr
         if item.record.call_id:
             seen.add(item.record.call_id)
         fresh.append(item)
-    return fresh
+    return fresh, out_of_order
 
 
-def _locked(trajectory_id: int) -> Trajectory:
-    try:
-        return Trajectory.objects.select_for_update().only("id", "next_seq").get(pk=trajectory_id)
-    except Trajectory.DoesNotExist:
-        raise NotFound(f"trajectory {trajectory_id} does not exist") from None
-
-
-def _latest_start(trajectory_id: int) -> datetime | None:
-    return Step.objects.filter(trajectory_id=trajectory_id).aggregate(m=Max("started_at"))["m"]
+def _locked(trajectory_id: int, *, reserve: int) -> int:
+    """Lock the trajectory's row and reserve `reserve` step numbers; returns the first. One statement (an
+    UPDATE takes the row lock itself); it also puts the run back into the search indexer's queue, as the
+    new steps have no search document yet. The caller's transaction undoes both if it adds nothing."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Trajectory._meta.db_table} SET next_seq = next_seq + %s, search_indexed = %s "
+            "WHERE id = %s RETURNING next_seq",
+            [reserve, False, trajectory_id],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise NotFound(f"trajectory {trajectory_id} does not exist")
+    return row[0] - reserve
 
 
 def _renumber_by_time(trajectory_id: int) -> None:
-    """Make seq follow started_at (steps without a time keep their relative place). Caller holds the lock."""
-    steps = list(Step.objects.filter(trajectory_id=trajectory_id).only("id", "seq", "started_at"))
-    ordered = sorted(steps, key=lambda s: (s.started_at or timezone.now(), s.seq))
-    if [s.id for s in ordered] == [s.id for s in sorted(steps, key=lambda s: s.seq)]:
-        return
-    # Move every step out of the way first so no intermediate state violates (trajectory, seq) unique.
-    Step.objects.filter(trajectory_id=trajectory_id).update(seq=F("seq") + _RENUMBER_OFFSET)
-    for new_seq, step in enumerate(ordered):
-        step.seq = new_seq
-    Step.objects.bulk_update(ordered, ["seq"], batch_size=500)
+    """Make seq follow started_at (steps without a time go last, in their order). Caller holds the lock.
+
+    Done in the database, touching only the steps whose number changes: they are first moved out of the
+    way (past _RENUMBER_OFFSET) so no intermediate state violates the (trajectory, seq) unique key."""
+    table = Step._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET seq = %s + ordered.new_seq FROM ("
+            f"  SELECT id, seq, ROW_NUMBER() OVER (ORDER BY started_at IS NULL, started_at, seq) - 1 AS new_seq"
+            f"  FROM {table} WHERE trajectory_id = %s"
+            f") AS ordered WHERE {table}.id = ordered.id AND ordered.seq <> ordered.new_seq",
+            [_RENUMBER_OFFSET, trajectory_id],
+        )
+        if cursor.rowcount:
+            cursor.execute(f"UPDATE {table} SET seq = seq - %s WHERE trajectory_id = %s AND seq >= %s",
+                           [_RENUMBER_OFFSET, trajectory_id, _RENUMBER_OFFSET])
 
 
 def trajectory_finish(
@@ -393,7 +425,8 @@ def trajectory_finish(
     """Set the outcome and recompute counts and the content hash. Safe to call again (recomputes)."""
     if status not in TRAJECTORY_STATUSES:
         raise ValidationError(f"status: {status!r} is not a trajectory status", field="status")
-    with transaction.atomic():
+    # No savepoint of its own inside a caller's transaction: nothing here is retried, a failure fails it all.
+    with transaction.atomic(savepoint=False):
         trajectory = Trajectory.objects.select_for_update().get(pk=trajectory_id)
         trajectory.status = status
         trajectory.reward = reward
@@ -402,30 +435,34 @@ def trajectory_finish(
             trajectory.final_diff = final_diff
         trajectory.finished_at = finished_at or timezone.now()
         _recount(trajectory)
-        trajectory.save()
+        trajectory.save(update_fields=_FINISH_FIELDS)
     return trajectory
 
 
+_FINISH_FIELDS = ("status", "reward", "success", "final_diff", "finished_at", "n_steps", "n_model_calls", "tokens_in",
+                  "tokens_out", "duration_s", "content_hash", "updated_at")
+
+
 def _recount(trajectory: Trajectory) -> None:
-    totals = Step.objects.filter(trajectory_id=trajectory.pk).aggregate(
-        n=Count("id"),
-        calls=Count("id", filter=Q(kind="model_call")),
-        tin=Sum("tokens_in"),
-        tout=Sum("tokens_out"),
-    )
+    """Counts and the action hash from one read of the run's steps (no aggregate query of its own)."""
+    steps = list(Step.objects.filter(trajectory_id=trajectory.pk).order_by("seq"))
+    tokens_in = [s.tokens_in for s in steps if s.tokens_in is not None]
+    tokens_out = [s.tokens_out for s in steps if s.tokens_out is not None]
     usage = trajectory.metadata.get("usage") if isinstance(trajectory.metadata, dict) else None
-    trajectory.n_steps = totals["n"] or 0
-    trajectory.n_model_calls = totals["calls"] or 0
-    trajectory.tokens_in = totals["tin"] if totals["tin"] is not None else _usage_count(usage, "tokens_in")
-    trajectory.tokens_out = totals["tout"] if totals["tout"] is not None else _usage_count(usage, "tokens_out")
+    trajectory.n_steps = len(steps)
+    trajectory.n_model_calls = sum(1 for s in steps if s.kind == "model_call")
+    trajectory.tokens_in = sum(tokens_in) if tokens_in else _usage_count(usage, "tokens_in")
+    trajectory.tokens_out = sum(tokens_out) if tokens_out else _usage_count(usage, "tokens_out")
     trajectory.duration_s = _duration(trajectory.started_at, trajectory.finished_at)
-    trajectory.content_hash = _action_hash(trajectory)
+    trajectory.content_hash = _action_hash(trajectory, [s for s in steps if s.kind in _ACTION_KINDS])
 
 
-def _action_hash(trajectory: Trajectory) -> str:
-    """The exact-dedup hash (experience.dedup.signature.exact_hash) of the stored run's actions."""
-    steps = list(Step.objects.filter(trajectory_id=trajectory.pk, kind__in=("command", "tool_call", "model_call"))
-                 .order_by("seq"))
+_ACTION_KINDS = ("command", "tool_call", "model_call")
+
+
+def _action_hash(trajectory: Trajectory, steps: list[Step]) -> str:
+    """The exact-dedup hash (experience.dedup.signature.exact_hash) of the stored run's actions (`steps`:
+    its command, tool_call and model_call rows, in seq order)."""
     return exact_hash(record_of(trajectory, stored_step_records(steps, context=False)))
 
 

@@ -104,6 +104,9 @@ class Rollout(models.Model):
     attempt = models.PositiveIntegerField(default=0)
     worker = models.CharField(max_length=200, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # When its Celery message was last sent, if not at creation (created_at): a requeue or a re-send of a
+    # message the broker lost (rollouts_resend_lost), so a rollout is re-sent at most once per interval.
+    sent_at = models.DateTimeField(null=True, blank=True)
     sandbox = models.ForeignKey("fleets.Sandbox", null=True, blank=True, on_delete=models.SET_NULL)
     trajectory = models.OneToOneField(
         "experience.Trajectory", null=True, blank=True, on_delete=models.SET_NULL, related_name="rollout"

@@ -1,10 +1,17 @@
 """Rollout tasks. `run` is idempotent (claims the rollout with a conditional update), so it may be
 redelivered: acks_late means a worker killed mid-rollout leaves the message for another worker, which
-finds the rollout running with a stale heartbeat once the reaper has taken it back."""
+finds the rollout running with a stale heartbeat once the reaper has taken it back.
+
+A message the broker lost (Redis restarted without its data, a queue purged) would leave its rollout
+queued forever: the reaper also sends again the queued rollouts of open jobs whose message went out more
+than TROVE_ROLLOUT_RESEND_S ago, once the broker's queue is empty (while it is not, the workers are still
+working through it and the rollout may simply be waiting its turn). A message that was not lost after all
+becomes a duplicate, which finds the rollout no longer queued and does nothing."""
 
 from __future__ import annotations
 
 from celery import shared_task
+from kombu.exceptions import ChannelError
 
 from webapp.rollouts import services as rollout_services
 from webapp.rollouts.models import Rollout
@@ -30,8 +37,9 @@ def enqueue_rollout(rollout_id: int) -> None:
 
 @shared_task(name="trove.rollouts.reap_stale", ignore_result=True)
 def reap_stale_rollouts() -> dict:
-    """Take back rollouts whose worker died: requeue (and re-enqueue) or mark infra_error; reap sandboxes."""
-    outcome = {"requeued": 0, "infra_error": 0}
+    """Take back rollouts whose worker died: requeue (and re-enqueue) or mark infra_error; reap sandboxes.
+    Then send again the queued rollouts whose message was lost (module docstring)."""
+    outcome = {"requeued": 0, "infra_error": 0, "resent": resend_lost_rollouts()}
     for rollout in rollout_services.rollouts_stale():
         sandbox = rollout.sandbox
         status = rollout_services.rollout_reap(rollout=rollout)
@@ -46,3 +54,23 @@ def reap_stale_rollouts() -> dict:
             except SandboxError:
                 pass  # the reconciler finds it by label
     return outcome
+
+
+def resend_lost_rollouts() -> int:
+    """Send again the queued rollouts whose message may have been lost; returns how many were sent."""
+    if broker_backlog() > 0:
+        return 0
+    ids = rollout_services.rollouts_resend_due()
+    for rollout_id in ids:
+        enqueue_rollout(rollout_id)
+    return len(ids)
+
+
+def broker_backlog() -> int:
+    """Messages waiting in the rollouts' broker queue (not counting those a worker has already taken)."""
+    app = run_rollout.app
+    with app.connection_for_read() as connection:
+        try:
+            return connection.default_channel.queue_declare(queue=app.conf.task_default_queue, passive=True).message_count
+        except ChannelError:  # no such queue: Redis drops an empty list
+            return 0
