@@ -14,14 +14,17 @@ from collections.abc import Iterator
 import pytest
 import redis
 from django.conf import settings as django_settings
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from experience.models import Step, Trajectory
 from tests.webapp.proxy.harness import UpstreamState, closed_port, new_call_id, send, upstream  # noqa: F401
 from tests.webapp.proxy.rollouts import finish, running_rollout
 from webapp.proxy.locations import proxy_spool_dir, proxy_stream
-from webapp.proxy.recorder import RedisStreamSink, consume_stream
+from webapp.proxy.recorder import RedisStreamSink, consume_stream, redis_stream_sender
+from webapp.proxy.records import CallRecord
 from webapp.proxy.server import ProxyServer, serve_in_thread
-from webapp.proxy.spool import spooled_segments
+from webapp.proxy.spool import drain_spool, spooled_segments
 from webapp.proxy.wiring import INGEST_GROUP, ingest_pending_records, make_trove_proxy_app, write_call_records
 from webapp.rollouts.models import Rollout
 from workers.tasks.proxy import ingest_proxy_records
@@ -261,3 +264,32 @@ def test_the_scheduled_ingest_removes_consumers_a_killed_worker_left_holding_not
 
     assert report["pruned_consumers"] == 1
     assert full_stack.xinfo_consumers(stream, INGEST_GROUP) == []
+
+
+def test_a_batch_cut_off_mid_send_is_spooled_whole_and_each_call_is_stored_once(
+    stack_proxy, rollout, full_stack, tmp_path
+):
+    server, sink = stack_proxy
+    made = [new_call_id() for _ in range(5)]
+    for call_id in made:
+        assert chat(server, rollout.token, call_id=call_id).status == 200
+    assert sink.flush(10)
+    [(_, fields)] = full_stack.xrange(proxy_stream())  # the sink sent the five in one entry
+    records = [CallRecord.from_json(line) for line in fields[b"records"].split(b"\n")]
+    full_stack.delete(proxy_stream())
+    # The connection broke after Redis had applied the first part of the batch: those two are in the
+    # stream, and the sink, seeing the error, spooled the whole batch.
+    redis_stream_sender(full_stack, stream=proxy_stream())(records[:2])
+    down = redis.Redis(host="127.0.0.1", port=closed_port(), retry=Retry(NoBackoff(), 0))
+    broken = RedisStreamSink(client=down, stream=proxy_stream(), spool_dir=tmp_path / "broken-spool")
+    for record in records:
+        broken.put(record)
+    broken.close(10)
+
+    drained = drain_spool(directory=tmp_path / "broken-spool",
+                          send_batch=redis_stream_sender(full_stack, stream=proxy_stream()))
+    report = ingest_proxy_records(max_seconds=10)
+
+    assert broken.spooled == 5 and drained.sent == 5
+    assert report["records"] == 7, "two delivered twice: at least once"
+    assert report["stored"] == 5 and call_ids(rollout) == made, "each call stored once, in order"

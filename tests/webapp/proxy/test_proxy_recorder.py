@@ -11,7 +11,13 @@ from redis.retry import Retry
 
 from tests.webapp.proxy.harness import closed_port
 from tests.webapp.proxy.test_proxy_spool import make_record
-from webapp.proxy.recorder import InProcessSink, RedisStreamSink, consume_stream, redis_stream_sender
+from webapp.proxy.recorder import (
+    ENTRY_MAX_RECORDS,
+    InProcessSink,
+    RedisStreamSink,
+    consume_stream,
+    redis_stream_sender,
+)
 from webapp.proxy.records import CallRecord
 from webapp.proxy.spool import drain_spool, spooled_segments
 
@@ -288,3 +294,57 @@ def test_a_consumer_with_a_time_cap_returns_while_its_writer_keeps_failing(redis
     pending = redis_client.xpending(stream_name, "writers")
 
     assert count == 0 and pending["pending"] == 1, "the entry waits for the next consumer, not lost"
+
+
+def test_a_batch_goes_in_few_entries_and_every_record_comes_out_in_order(redis_client, stream_name):
+    made = [f"b{i}" for i in range(2 * ENTRY_MAX_RECORDS + 5)]
+    redis_stream_sender(redis_client, stream=stream_name)([make_record(call_id) for call_id in made])
+    entries = redis_client.xlen(stream_name)
+    batches: list[list[str]] = []
+
+    count = consume_stream(
+        redis_client,
+        lambda batch: batches.append([r.call_id for r in batch]),
+        stream=stream_name,
+        group="writers",
+        consumer="w1",
+        block_ms=100,
+        until_idle=True,
+    )
+
+    assert entries == 3, "one stream entry per ENTRY_MAX_RECORDS records, not one per record"
+    assert [call_id for batch in batches for call_id in batch] == made and count == len(made)
+    assert redis_client.xlen(stream_name) == 0
+
+
+def test_the_sink_sends_what_was_put_in_order_without_being_woken_per_record(tmp_path, redis_client, stream_name):
+    sink = RedisStreamSink(client=redis_client, stream=stream_name, spool_dir=tmp_path, batch_size=16,
+                           linger_s=0.01)
+    made = [f"o{i}" for i in range(100)]
+    for call_id in made:
+        sink.put(make_record(call_id))
+    deadline = time.monotonic() + 10
+    while sink.sent < len(made) and time.monotonic() < deadline:  # no flush: the writer's own polling
+        time.sleep(0.01)
+    sink.close(5)
+    written, write = _collector()
+
+    consume_stream(redis_client, write, stream=stream_name, group="writers", consumer="w1", block_ms=100,
+                   until_idle=True)
+
+    assert sink.sent == len(made) and [r.call_id for r in written] == made
+
+
+def test_one_undecodable_line_of_a_batch_entry_is_set_aside_and_the_rest_written(redis_client, stream_name):
+    lines = [make_record("before").to_json(), b"{broken", make_record("after").to_json()]
+    redis_client.xadd(stream_name, {"records": b"\n".join(lines)})
+    written, write = _collector()
+
+    consume_stream(
+        redis_client, write, stream=stream_name, group="writers", consumer="w1", block_ms=100, until_idle=True
+    )
+
+    assert [r.call_id for r in written] == ["before", "after"]
+    [(_, fields)] = redis_client.xrange(f"{stream_name}:dead")
+    assert fields[b"record"] == b"{broken"
+    assert redis_client.xpending(stream_name, "writers")["pending"] == 0

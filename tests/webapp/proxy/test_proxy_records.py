@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import math
 from datetime import UTC, datetime, timedelta
 
 from experience.records import MessageRecord
+from webapp.proxy import jsonfast
 from webapp.proxy.records import CallRecord
 
 
@@ -103,3 +106,20 @@ def test_an_upstream_failure_becomes_an_error_step():
 
 def test_a_record_with_an_error_but_status_200_is_an_error():
     assert _record(error="stream broke", error_kind="stream_broken").is_error
+
+
+def test_json_the_fast_encoder_refuses_still_round_trips():
+    # orjson rejects integers beyond 64 bits and NaN literals; a client or an upstream may send them.
+    huge = 2**70
+    record = _record(request={"messages": [], "seed": huge}, response={"score": float("nan"), "choices": []})
+
+    back = CallRecord.from_json(record.to_json())
+
+    assert back.request["seed"] == huge and back.started_at == record.started_at
+    assert math.isnan(jsonfast.loads(b"{\"temperature\": NaN}")["temperature"])  # as json.loads parses it
+
+
+def test_the_fast_encoder_writes_the_datetimes_to_dict_writes():
+    record = _record()
+
+    assert json.loads(record.to_json()) == record.to_dict()
