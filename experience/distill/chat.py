@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -184,6 +185,21 @@ class MessageFacts:
     def __init__(self) -> None:
         self._chars: dict[int, tuple[Message, int]] = {}
         self._holds: dict[tuple[int, str], bool] = {}
+        self._last: tuple[tuple[Message, ...], list[int], list[Any]] = ((), [], [])
+
+    def profile(self, messages: Sequence[Message]) -> tuple[list[int], list[Any]]:
+        """(characters, role) of each message; a context that starts with the previous one (a run's
+        growing context) reuses its profile."""
+        previous, chars, roles = self._last
+        if 0 < len(previous) <= len(messages) and all(map(operator.is_, messages, previous)):
+            added = messages[len(previous) :]
+            chars = chars + [self.chars(m) for m in added]
+            roles = roles + [m.get("role") for m in added]
+        else:
+            chars = [self.chars(m) for m in messages]
+            roles = [m.get("role") for m in messages]
+        self._last = (tuple(messages), chars, roles)
+        return chars, roles
 
     def chars(self, message: Message) -> int:
         known = self._chars.get(id(message))
@@ -206,9 +222,12 @@ def token_counts(
 ) -> list[int]:
     """Estimated tokens per message: characters / 4, or, when the model call recorded its prompt token
     count, that count shared out in proportion to characters."""
-    chars = [facts.chars(m) for m in messages] if facts else [message_chars(m) for m in messages]
-    if known_total and sum(chars):
-        total_chars = sum(chars)
+    chars = facts.profile(messages)[0] if facts else [message_chars(m) for m in messages]
+    return _token_counts(chars, known_total)
+
+
+def _token_counts(chars: list[int], known_total: int | None) -> list[int]:
+    if known_total and (total_chars := sum(chars)):
         return [math.ceil(known_total * count / total_chars) for count in chars]
     return [math.ceil(count / CHARS_PER_TOKEN) for count in chars]
 
@@ -228,8 +247,20 @@ def task_index(
     """Index of the task message: the first user message containing the start of the instruction, else
     (unless strict) the first user message. Agents often put a demonstration before the task, so "first
     user message" alone would keep the demonstration and lose the task."""
+    roles = facts.profile(messages)[1] if facts else [message.get("role") for message in messages]
+    return _task_index(messages, roles, instruction, strict=strict, facts=facts)
+
+
+def _task_index(
+    messages: Sequence[Message],
+    roles: list[Any],
+    instruction: str,
+    *,
+    strict: bool = False,
+    facts: MessageFacts | None = None,
+) -> int | None:
     probe = _task_probe(instruction)
-    users = [i for i, message in enumerate(messages) if message.get("role") == "user"]
+    users = [i for i, role in enumerate(roles) if role == "user"]
     if probe:
         for index in users:
             message = messages[index]
@@ -266,11 +297,13 @@ def truncate(
     is dropped too, so the result is still a valid chat. `facts`: a per-run `MessageFacts`, when the
     caller truncates many contexts sharing their messages.
     """
-    counts = token_counts(messages, known_total, facts)
-    task = task_index(messages, instruction, facts=facts)
-    head = [
-        i for i in range(len(messages)) if messages[i].get("role") == "system" and (task is None or i < task)
-    ]
+    if facts is not None:
+        chars, roles = facts.profile(messages)
+    else:
+        chars, roles = [message_chars(m) for m in messages], [m.get("role") for m in messages]
+    counts = _token_counts(chars, known_total)
+    task = _task_index(messages, roles, instruction, facts=facts)
+    head = [i for i, role in enumerate(roles) if role == "system" and (task is None or i < task)]
     if task is not None:
         head.append(task)
     head_set = set(head)
@@ -284,7 +317,7 @@ def truncate(
         room -= counts[index]
         tail.append(index)
     tail.reverse()
-    while tail and messages[tail[0]].get("role") == "tool":
+    while tail and roles[tail[0]] == "tool":
         tail.pop(0)
     if len(tail) + len(head_set) == len(messages):  # nothing dropped: the usual case under the budget
         return Truncated(messages=list(messages), dropped=0, tokens=sum(counts))

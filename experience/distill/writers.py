@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import operator
 import os
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -69,21 +70,32 @@ class RowEncoder:
 
     Messages are remembered by identity, holding a reference so the identity is not reused while it is
     remembered: a message dict must not change once a row holding it has been encoded (rows are written
-    as they are made, and the row makers build new dicts rather than editing shared ones).
+    as they are made, and the row makers build new dicts rather than editing shared ones). A list that
+    starts with the previous row's list (a run's growing context) reuses that list's encoding.
     """
 
     def __init__(self) -> None:
         self._fragments: dict[int, tuple[Any, bytes]] = {}
+        self._last: dict[str, tuple[tuple[Any, ...], bytes]] = {}  # per key: the last list and its JSON
 
     def encode(self, row: Row) -> bytes:
         spliced = {
-            key: orjson.Fragment(self._list(value)) if _is_message_list(value) else value
+            key: orjson.Fragment(self._list(key, value)) if _is_message_list(value) else value
             for key, value in row.items()
         }
         return orjson.dumps(spliced, option=_SORTED)
 
-    def _list(self, messages: list[Any]) -> bytes:
-        return b"[" + b",".join(map(self._fragment, messages)) + b"]"
+    def _list(self, key: str, messages: list[Any]) -> bytes:
+        last = self._last.get(key)
+        if last is not None and extends(messages, last[0]):
+            previous, encoded = last
+            added = messages[len(previous) :]
+            if added:
+                encoded = encoded[:-1] + b"," + b",".join(map(self._fragment, added)) + b"]"
+        else:
+            encoded = b"[" + b",".join(map(self._fragment, messages)) + b"]"
+        self._last[key] = (tuple(messages), encoded)
+        return encoded
 
     def _fragment(self, message: Any) -> bytes:
         known = self._fragments.get(id(message))
@@ -95,6 +107,11 @@ class RowEncoder:
         encoded = memoryview(orjson.dumps(message, option=_SORTED)).tobytes()
         self._fragments[id(message)] = (message, encoded)
         return encoded
+
+
+def extends(items: list[Any] | tuple[Any, ...], previous: tuple[Any, ...]) -> bool:
+    """Whether `items` starts with the very objects of `previous` (non-empty), compared by identity."""
+    return 0 < len(previous) <= len(items) and all(map(operator.is_, items, previous))
 
 
 class JsonlGzWriter:
@@ -263,6 +280,8 @@ class _ItemListColumn:
         self._positions: list[int] = []
         self._offsets: list[int] = [0]
         self._nulls: list[bool] = []
+        # The last row's list, its items' positions and their size: a run's next context starts with it.
+        self._last: tuple[tuple[Any, ...], list[int], int] = ((), [], 0)
 
     def add(self, value: Any, size: list[int]) -> None:
         """One row's list (None for null), adding its text size to `size[0]`."""
@@ -272,17 +291,24 @@ class _ItemListColumn:
             return
         if not isinstance(value, list | tuple):
             raise RowShapeError(f"{self._where}: expected a list, got {type(value).__name__}")
+        previous, positions, text = self._last
+        if extends(value, previous):
+            positions, added = list(positions), value[len(previous) :]
+        else:
+            positions, added, text = [], value, 0
         known = self._known
-        for item in value:
+        for item in added:
             seen = known.get(id(item))
             if seen is None:
                 item_size = [0]
                 converted = self._convert(item, item_size)
                 seen = known[id(item)] = (item, len(self._items), item_size[0])
                 self._items.append(converted)
-            self._positions.append(seen[1])
-            size[0] += seen[2]
-        size[0] += 8
+            positions.append(seen[1])
+            text += seen[2]
+        self._last = (tuple(value), positions, text)
+        self._positions.extend(positions)
+        size[0] += text + 8
         self._nulls.append(False)
         self._offsets.append(len(self._positions))
 
