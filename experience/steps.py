@@ -25,7 +25,7 @@ import hashlib
 import json
 import operator
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -254,41 +254,54 @@ def context_bases(refs_by_step: Mapping[int, Mapping[str, Any]]) -> set[int]:
     return bases - refs_by_step.keys()
 
 
-def full_contexts(refs_by_step: Mapping[int, Mapping[str, Any]]) -> dict[int, list[str]]:
-    """Each step's context as its full list of digests, by step id, for every step of `refs_by_step`
-    (step id -> blob_refs) that has one. Every delta's base (and its bases) must be among them: whole runs
-    qualify; complete a partial set with `experience.services.stored.step_contexts`."""
+def full_contexts(
+    refs_by_step: Mapping[int, Mapping[str, Any]], wanted: Iterable[int] | None = None
+) -> dict[int, list[str]]:
+    """The full context (a list of message digests) of each step in `wanted` (default: every step of
+    `refs_by_step`, step id -> blob_refs, that has one), by step id. Every delta's base, and its bases, must
+    be among `refs_by_step`: whole runs qualify; complete a page with `experience.services.stored.step_contexts`.
+
+    Linear in the contexts asked for: a base not asked for is not built on its own (a page late in a long run
+    walks the run's earlier deltas once, into the first context it needs)."""
+    if wanted is None:
+        wanted = (step_id for step_id, refs in refs_by_step.items() if CONTEXT in refs)
     full: dict[int, list[str]] = {}
-    for step_id in sorted(refs_by_step):  # bases first: a base has a smaller id than the steps extending it
-        if step_id not in full and CONTEXT in refs_by_step[step_id]:
-            _resolve(step_id, refs_by_step, full)
+    for step_id in sorted(wanted):  # ascending: a base has a smaller id, so later chains stop at earlier results
+        if step_id not in full:
+            full[step_id] = _resolve(step_id, refs_by_step, full)
     return full
 
 
-def _resolve(step_id: int, refs_by_step: Mapping[int, Mapping[str, Any]], full: dict[int, list[str]]) -> None:
-    """Resolve `step_id`'s context into `full`, walking down its chain of bases without recursion."""
-    chain = []
-    while step_id not in full:
-        refs = refs_by_step.get(step_id)
+def _resolve(step_id: int, refs_by_step: Mapping[int, Mapping[str, Any]], known: dict[int, list[str]]) -> list[str]:
+    """`step_id`'s full context: walk its deltas down to a full list or a context in `known`, then replay them."""
+    chain: list[dict[str, Any]] = []
+    current = step_id
+    while current not in known:
+        refs = refs_by_step.get(current)
         if refs is None or CONTEXT not in refs:
-            raise KeyError(f"step {chain[-1] if chain else step_id}: the context it extends (step {step_id}) "
-                           "was not given")
+            raise KeyError(f"step {step_id}: the context it extends (step {current}) was not given")
         value = refs[CONTEXT]
         if not is_context_delta(value):
-            full[step_id] = value
+            base = value
             break
-        chain.append((step_id, value))
-        step_id = value["extends"]
-    for extending_id, delta in reversed(chain):
-        full[extending_id] = full[delta["extends"]][: delta["keep"]] + delta["append"]
+        chain.append(value)
+        current = value["extends"]
+    else:
+        base = known[current]
+    context = list(base)
+    for delta in reversed(chain):
+        del context[delta["keep"] :]
+        context.extend(delta["append"])
+    return context
 
 
 def refs_with_full_contexts(step_ids: Sequence[int], refs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows' blob_refs (whole runs: step ids and refs in the same order) with each delta context replaced
     by its full list; refs without a delta are returned as they are."""
-    if not any(is_context_delta(r.get(CONTEXT)) for r in refs):
+    deltas = [step_id for step_id, r in zip(step_ids, refs, strict=True) if is_context_delta(r.get(CONTEXT))]
+    if not deltas:
         return list(refs)
-    contexts = full_contexts(dict(zip(step_ids, refs, strict=True)))
+    contexts = full_contexts(dict(zip(step_ids, refs, strict=True)), deltas)
     return [
         {**r, CONTEXT: contexts[step_id]} if is_context_delta(r.get(CONTEXT)) else r
         for step_id, r in zip(step_ids, refs, strict=True)

@@ -42,8 +42,7 @@ def step_contexts(steps: Sequence[Step]) -> dict[int, list[str]]:
     missing = context_bases(refs_by_step)
     if missing:
         refs_by_step.update(_earlier_contexts({step.trajectory_id for step in steps}, max(missing)))
-    full = full_contexts(refs_by_step)
-    return {step.pk: full[step.pk] for step in steps if step.pk in full}
+    return full_contexts(refs_by_step, [step.pk for step in steps if CONTEXT in step.blob_refs])
 
 
 def _earlier_contexts(trajectory_ids: set[int], up_to_id: int) -> dict[int, dict]:

@@ -8,6 +8,7 @@ runs, pages of a run, the timeline, exports, the API) returns exactly the contex
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -22,7 +23,14 @@ from experience.services.exporting import export_filters, trajectories_export_to
 from experience.services.importing import trajectories_import_file
 from experience.services.ingest import steps_append, trajectory_ingest
 from experience.services.stored import step_contexts, stored_records, stored_step_records
-from experience.steps import context_delta, context_length, full_contexts, refs_with_full_contexts
+from experience.steps import (
+    canonical_json,
+    compact_json,
+    context_delta,
+    context_length,
+    full_contexts,
+    refs_with_full_contexts,
+)
 from tests.experience.services.store_factories import T0, run_record, stored
 from tests.webapp.api.test_trajectories_api import client_for
 
@@ -213,3 +221,51 @@ def test_full_contexts_resolves_chains_in_any_order_and_names_a_missing_base():
     assert refs_with_full_contexts([10, 20], [refs[10], refs[20]])[1]["request_messages"] == H[:3]
     with pytest.raises(KeyError, match="step 10"):
         full_contexts({30: refs[30], 20: refs[20]})
+
+
+def test_full_contexts_builds_only_the_contexts_asked_for():
+    refs = {1: {"request_messages": [H[0]]}}
+    for step_id in range(2, 2000):  # a long run: each call adds a message
+        refs[step_id] = {"request_messages": {"extends": step_id - 1, "keep": step_id - 1, "append": [str(step_id)]}}
+
+    contexts = full_contexts(refs, [1999])
+
+    assert list(contexts) == [1999]
+    assert contexts[1999] == [H[0], *map(str, range(2, 2000))]
+
+
+# --- the JSON the bulk path writes ----------------------------------------------------------------------------
+
+_STDLIB_CANONICAL = {"sort_keys": True, "separators": (",", ":"), "ensure_ascii": False}
+AWKWARD = "".join(map(chr, range(0x20))) + '"\\/ \x7f \u2028 é ✓ 😀 \ufeff'
+
+
+def test_a_message_blob_is_the_same_bytes_it_always_was():
+    # the sha256 of these bytes names the blob: a different encoder must not change one byte
+    messages = [
+        MessageRecord("user", AWKWARD, name="n"),
+        MessageRecord("tool", "lone \ud83d surrogate", tool_call_id="t1"),  # orjson refuses: json writes it
+        MessageRecord("assistant", "", tool_calls=[{"id": "a", "args": {"x": 1e-07, "y": 10**30}}]),
+    ]
+    for message in messages:
+        expected = json.dumps(message.as_openai(), **_STDLIB_CANONICAL).encode("utf-8", "surrogatepass")
+        assert canonical_json(message.as_openai()) == expected
+
+
+def test_payload_json_reads_back_equal_whatever_encoder_wrote_it():
+    for payload in ({"text": AWKWARD, "n": 10**30, "f": 1e-07, "ok": True, "none": None}, {1: "int key"}):
+        assert json.loads(compact_json(payload)) == json.loads(json.dumps(payload))
+    with pytest.raises(TypeError):  # as json.dumps: a time is not JSON
+        compact_json({"at": T0})
+
+
+def test_steps_with_every_column_empty_or_set_round_trip_through_binary_copy():
+    bare = StepRecord(kind="note")
+    full = StepRecord(kind="command", started_at=T0, ended_at=T0 + timedelta(seconds=1), duration_ms=7,
+                      command="ls", output="x\ty\n\\N", exit_code=-(2**31), tokens_in=2**31 - 1, tokens_out=0,
+                      call_id="c1", is_error=True, latency_ms=1.5, payload={"k": [1, 2.5, None]})
+    run = run_record(calls=1)
+    run.steps += [bare, full]
+    (pk,) = stored(run)
+
+    assert stored_back(pk) == run
