@@ -216,7 +216,7 @@ def test_a_rollout_whose_worker_is_killed_is_reaped_retried_once_and_recorded_on
         for worker in workers:
             worker.stop()
 
-    assert reaped == {"requeued": 1, "infra_error": 0}
+    assert reaped == {"requeued": 1, "infra_error": 0, "resent": 0}
     rollout.refresh_from_db()
     assert rollout.status in (Rollout.Status.SUCCEEDED, Rollout.Status.FAILED) and rollout.attempt == 2
     old, new = attempts_of(rollout)
@@ -254,7 +254,7 @@ def test_a_rollout_whose_worker_dies_on_its_last_attempt_ends_as_infra_error(
     finally:
         worker.stop()
 
-    assert reaped == {"requeued": 0, "infra_error": 1}
+    assert reaped == {"requeued": 0, "infra_error": 1, "resent": 0}
     rollout.refresh_from_db()
     job.refresh_from_db()
     assert rollout.status == Rollout.Status.INFRA_ERROR and "stopped heartbeating" in rollout.error
