@@ -208,12 +208,13 @@ class ParquetRowWriter:
             }
             self._rest_schema = pa.schema([field for field in schema if field.name not in self._lists])
         self._convert = _row_converter(self._rest_schema) if self._rest_schema is not None else None
+        self._check = _row_checker(schema) if schema is not None else None
 
     def write(self, row: Row) -> None:
-        if self._convert is not None:
-            size = [0]
-            rest = {key: value for key, value in row.items() if key not in self._lists}
-            self._batch.append(self._convert(rest, size))
+        if self._check is not None:
+            # Checked now, converted (only if pyarrow refuses it as it is) a row group at a time.
+            size = [self._check(row)]
+            self._batch.append(dict(row))
             for name, column in self._lists.items():
                 column.add(row.get(name), size)
             self._batch_bytes += size[0]
@@ -241,7 +242,7 @@ class ParquetRowWriter:
     def _flush(self) -> None:
         if not self._batch:
             return
-        table = pa.Table.from_pylist(self._batch, schema=self._rest_schema)
+        table = self._rest_table()
         if self._lists and self._schema is not None:
             columns = {name: column.take_all() for name, column in self._lists.items()}
             table = pa.Table.from_arrays(
@@ -254,6 +255,19 @@ class ParquetRowWriter:
         self._writer.write_table(table, row_group_size=len(self._batch))
         self._batch = []
         self._batch_bytes = 0
+
+    def _rest_table(self) -> pa.Table:
+        """The group's columns but the item lists: the rows as they are when pyarrow takes them (the
+        usual case), else fitted to the schema first (JSON values in text fields)."""
+        if self._convert is None:
+            return pa.Table.from_pylist(self._batch, schema=self._rest_schema)
+        try:
+            return pa.Table.from_pylist(self._batch, schema=self._rest_schema)
+        except (pa.ArrowTypeError, pa.ArrowInvalid):
+            rests = ({k: v for k, v in row.items() if k not in self._lists} for row in self._batch)
+            return pa.Table.from_pylist(
+                [self._convert(rest, [0]) for rest in rests], schema=self._rest_schema
+            )
 
     def __enter__(self) -> ParquetRowWriter:
         return self
@@ -346,6 +360,70 @@ def write_parquet(
 
 
 Converter = Callable[[Any, list[int]], Any]
+
+
+def _row_checker(schema: pa.Schema) -> Callable[[Row], int]:
+    """A check of a row's shape against the schema (objects where structs are, no undeclared field, at
+    any depth) that returns the row's approximate text size: what `_compile`'s converters check, without
+    building a converted copy of the row."""
+    known = set(schema.names)
+    nested = [(f.name, _checker(f.type, f"row.{f.name}")) for f in schema if _has_struct(f.type)]
+    nested = [(name, check) for name, check in nested if not pa.types.is_list(schema.field(name).type)]
+
+    def check_row(row: Row) -> int:
+        if not isinstance(row, Mapping):
+            raise RowShapeError(f"row: expected an object, got {type(row).__name__}")
+        if not known.issuperset(row):
+            raise RowShapeError(
+                f"row: fields the schema does not declare: {', '.join(sorted(set(row) - known))}"
+            )
+        size = 8 * len(row)
+        for value in row.values():
+            if type(value) is str:
+                size += len(value)
+        for name, check in nested:
+            value = row.get(name)
+            if value is not None:
+                size += check(value)
+        return size
+
+    return check_row
+
+
+def _has_struct(type_: pa.DataType) -> bool:
+    return pa.types.is_struct(type_) or (pa.types.is_list(type_) and _has_struct(type_.value_type))
+
+
+def _checker(type_: pa.DataType, where: str) -> Callable[[Any], int]:
+    """Checks a value of a struct type (or a list of them) and returns its approximate text size."""
+    if pa.types.is_list(type_):
+        item = _checker(type_.value_type, where)
+        return lambda value: sum(item(element) for element in value if element is not None) + 8
+    known = {type_.field(i).name for i in range(type_.num_fields)}
+    nested = [
+        (type_.field(i).name, _checker(type_.field(i).type, f"{where}.{type_.field(i).name}"))
+        for i in range(type_.num_fields)
+        if _has_struct(type_.field(i).type)
+    ]
+
+    def check(value: Any) -> int:
+        if not isinstance(value, Mapping):
+            raise RowShapeError(f"{where}: expected an object, got {type(value).__name__}")
+        if not known.issuperset(value):
+            raise RowShapeError(
+                f"{where}: fields the schema does not declare: {', '.join(sorted(set(value) - known))}"
+            )
+        size = 8 * len(value)
+        for element in value.values():
+            if type(element) is str:
+                size += len(element)
+        for name, inner in nested:
+            element = value.get(name)
+            if element is not None:
+                size += inner(element)
+        return size
+
+    return check
 
 
 def conform_row(row: Row, schema: pa.Schema) -> dict[str, Any]:
