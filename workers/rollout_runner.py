@@ -35,7 +35,13 @@ from django.db import close_old_connections, connection, transaction
 
 from experience.models import Step
 from experience.records import StepRecord, TrajectoryRecord
-from experience.services.ingest import steps_append, trajectory_finish, trajectory_open
+from experience.services.ingest import (
+    Tally,
+    steps_append,
+    trajectory_finish,
+    trajectory_open,
+    trajectory_tally,
+)
 from webapp.fleets.errors import StaleFencingToken
 from webapp.fleets.models import Fleet
 from webapp.fleets.services import relaxed_commit
@@ -331,15 +337,16 @@ class Attempt:
         self.clock.sandbox_ms += max(0.0, outcome.result.duration_ms - model_ms)
 
     def evaluate_and_finish(self, steps: int) -> str:
-        # Write the queued steps and wait for the proxy's records on a thread while the evaluation runs: both
-        # are bookkeeping, and the evaluation's step is the newest, so writing it after costs no renumbering.
-        settling = external.Background(_closing_connection, self.settle)
+        # Write the queued steps, wait for the proxy's records and tally the run on a thread while the
+        # evaluation runs: all bookkeeping. The evaluation's step is the newest, so writing it after costs no
+        # renumbering, and it is no action: the tally stays good with it and the finish is one UPDATE.
+        settling = external.Background(_closing_connection, self.settle_and_tally)
         try:
             diff, result, started_at = self.evaluate()
         except BaseException:
             settling.wait(PROXY_RECORD_WAIT_S)  # done before the failure path writes its own steps
             raise
-        settling.result()
+        tally = settling.result()
         self.release()  # the sandbox's work is done; its release belongs in the rollout's timings
         task = self.rollout.task
         passed = result.exit_code == task.success_exit_code and not result.timed_out
@@ -349,9 +356,10 @@ class Attempt:
         # are taken in the order trajectory, job, rollout; nothing takes a trajectory's lock after a job's.
         with transaction.atomic():
             self.record(_eval_step(task, result, started_at, passed, reward))
+            tally = tally and tally.with_steps(self.pending)
             self.flush(relaxed=False)
             trajectory_finish(trajectory_id=self.trajectory_id, status="completed", reward=reward, success=passed,
-                              final_diff=diff.stdout if diff.exit_code == 0 else "")
+                              final_diff=diff.stdout if diff.exit_code == 0 else "", tally=tally)
             rollout_services.rollout_finish(
                 rollout_id=self.rollout.pk, job_id=self.job.pk, worker=self.worker, status=status, reward=reward,
                 steps=steps, eval_output=(result.stdout + result.stderr)[-4000:], eval_timed_out=result.timed_out,
@@ -418,6 +426,10 @@ class Attempt:
         """Write the queued steps, then wait until the proxy's records of the harness's calls are stored."""
         self.flush()
         _wait_for_model_calls(self.trajectory_id, self.model_calls)
+
+    def settle_and_tally(self) -> Tally | None:
+        self.settle()
+        return trajectory_tally(trajectory_id=self.trajectory_id)
 
     def finish_trajectory(self, status: str, *, note: str) -> None:
         self.record(StepRecord(kind="note", started_at=now(), text=note, is_error=True))

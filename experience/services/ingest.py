@@ -16,7 +16,7 @@ earlier than steps already stored) the trajectory's steps are renumbered so `seq
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -420,6 +420,39 @@ def _renumber_by_time(trajectory_id: int) -> None:
                            [_RENUMBER_OFFSET, trajectory_id, _RENUMBER_OFFSET])
 
 
+@dataclass(frozen=True)
+class Tally:
+    """A run's counts and action hash as stored when its first `next_seq` steps were all there (see
+    trajectory_tally): what trajectory_finish would compute, worked out ahead of it."""
+
+    next_seq: int
+    started_at: datetime | None
+    n_steps: int
+    n_model_calls: int
+    tokens_in: int
+    tokens_out: int
+    content_hash: str
+
+    def with_steps(self, steps: Sequence[StepRecord]) -> Tally | None:
+        """This tally once `steps` are appended, or None when they change the hash or the token counts (an
+        action, or a step with tokens): then only a recount will do."""
+        if any(s.kind in _ACTION_KINDS or s.tokens_in is not None or s.tokens_out is not None for s in steps):
+            return None
+        return replace(self, next_seq=self.next_seq + len(steps), n_steps=self.n_steps + len(steps))
+
+
+def trajectory_tally(*, trajectory_id: int) -> Tally | None:
+    """Counts and the action hash of the run as stored now, so a caller can compute them off its critical
+    path (a rollout, while its evaluation runs) and hand them to trajectory_finish. None when an append
+    landed between the two reads (nothing is locked: the tally is checked against the run when used)."""
+    trajectory = Trajectory.objects.get(pk=trajectory_id)
+    steps = list(Step.objects.filter(trajectory_id=trajectory_id).order_by("seq"))
+    if len(steps) != trajectory.next_seq:
+        return None
+    totals = _totals_of(trajectory, steps)
+    return Tally(next_seq=trajectory.next_seq, started_at=trajectory.started_at, **totals)
+
+
 def trajectory_finish(
     *,
     trajectory_id: int,
@@ -428,19 +461,27 @@ def trajectory_finish(
     success: bool | None = None,
     final_diff: str | None = None,
     finished_at: datetime | None = None,
-) -> Trajectory:
-    """Set the outcome and recompute counts and the content hash. Safe to call again (recomputes)."""
+    tally: Tally | None = None,
+) -> Trajectory | None:
+    """Set the outcome and recompute counts and the content hash. Safe to call again (recomputes).
+
+    With `tally` (trajectory_tally, plus what the caller appended since: Tally.with_steps) the outcome is one
+    UPDATE, conditional on the run still having exactly the steps the tally covers; otherwise, or if steps
+    came meanwhile, everything is recounted. Returns the trajectory, or None when the tally was used (the
+    row is not read back)."""
     if status not in TRAJECTORY_STATUSES:
         raise ValidationError(f"status: {status!r} is not a trajectory status", field="status")
+    finished_at = finished_at or timezone.now()
+    outcome = {"status": status, "reward": reward, "success": success, "finished_at": finished_at}
+    if final_diff is not None:
+        outcome["final_diff"] = final_diff
     # No savepoint of its own inside a caller's transaction: nothing here is retried, a failure fails it all.
     with transaction.atomic(savepoint=False):
+        if tally is not None and _finish_with_tally(trajectory_id, tally, outcome):
+            return None
         trajectory = Trajectory.objects.select_for_update().get(pk=trajectory_id)
-        trajectory.status = status
-        trajectory.reward = reward
-        trajectory.success = success
-        if final_diff is not None:
-            trajectory.final_diff = final_diff
-        trajectory.finished_at = finished_at or timezone.now()
+        for name, value in outcome.items():
+            setattr(trajectory, name, value)
         _recount(trajectory)
         trajectory.save(update_fields=_FINISH_FIELDS)
     return trajectory
@@ -450,18 +491,33 @@ _FINISH_FIELDS = ("status", "reward", "success", "final_diff", "finished_at", "n
                   "tokens_out", "duration_s", "content_hash", "updated_at")
 
 
+def _finish_with_tally(trajectory_id: int, tally: Tally, outcome: dict[str, Any]) -> bool:
+    totals = {name: getattr(tally, name) for name in ("n_steps", "n_model_calls", "tokens_in", "tokens_out",
+                                                       "content_hash")}
+    return bool(Trajectory.objects.filter(pk=trajectory_id, next_seq=tally.next_seq).update(
+        **outcome, **totals, duration_s=_duration(tally.started_at, outcome["finished_at"]), updated_at=timezone.now()
+    ))
+
+
 def _recount(trajectory: Trajectory) -> None:
     """Counts and the action hash from one read of the run's steps (no aggregate query of its own)."""
     steps = list(Step.objects.filter(trajectory_id=trajectory.pk).order_by("seq"))
+    for name, value in _totals_of(trajectory, steps).items():
+        setattr(trajectory, name, value)
+    trajectory.duration_s = _duration(trajectory.started_at, trajectory.finished_at)
+
+
+def _totals_of(trajectory: Trajectory, steps: list[Step]) -> dict[str, Any]:
     tokens_in = [s.tokens_in for s in steps if s.tokens_in is not None]
     tokens_out = [s.tokens_out for s in steps if s.tokens_out is not None]
     usage = trajectory.metadata.get("usage") if isinstance(trajectory.metadata, dict) else None
-    trajectory.n_steps = len(steps)
-    trajectory.n_model_calls = sum(1 for s in steps if s.kind == "model_call")
-    trajectory.tokens_in = sum(tokens_in) if tokens_in else _usage_count(usage, "tokens_in")
-    trajectory.tokens_out = sum(tokens_out) if tokens_out else _usage_count(usage, "tokens_out")
-    trajectory.duration_s = _duration(trajectory.started_at, trajectory.finished_at)
-    trajectory.content_hash = _action_hash(trajectory, [s for s in steps if s.kind in _ACTION_KINDS])
+    return {
+        "n_steps": len(steps),
+        "n_model_calls": sum(1 for s in steps if s.kind == "model_call"),
+        "tokens_in": sum(tokens_in) if tokens_in else _usage_count(usage, "tokens_in"),
+        "tokens_out": sum(tokens_out) if tokens_out else _usage_count(usage, "tokens_out"),
+        "content_hash": _action_hash(trajectory, [s for s in steps if s.kind in _ACTION_KINDS]),
+    }
 
 
 _ACTION_KINDS = ("command", "tool_call", "model_call")
@@ -481,6 +537,7 @@ __all__ = [
     "trajectory_finish",
     "trajectory_ingest",
     "trajectory_open",
+    "trajectory_tally",
     "validate_step",
     "validate_trajectory",
 ]

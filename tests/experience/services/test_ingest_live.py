@@ -12,7 +12,13 @@ from django.test.utils import CaptureQueriesContext
 
 from experience.models import Step, Trajectory
 from experience.records import StepRecord
-from experience.services.ingest import steps_append, trajectory_finish, trajectory_ingest, trajectory_open
+from experience.services.ingest import (
+    steps_append,
+    trajectory_finish,
+    trajectory_ingest,
+    trajectory_open,
+    trajectory_tally,
+)
 from tests.experience.services.store_factories import RunFactory, run_record
 
 pytestmark = pytest.mark.django_db
@@ -123,3 +129,39 @@ def test_opening_the_same_run_twice_returns_it_also_inside_a_transaction():
 
     assert again.pk == first.pk and other.pk != first.pk
     assert Trajectory.objects.filter(source_ref__startswith="rollout:7:").count() == 2
+
+
+def _finished_counts(trajectory_id: int) -> tuple:
+    t = Trajectory.objects.get(pk=trajectory_id)
+    return t.status, t.n_steps, t.n_model_calls, t.tokens_in, t.tokens_out, t.content_hash, t.duration_s
+
+
+def test_a_finish_with_a_tally_taken_before_the_last_non_action_step_matches_a_recount():
+    run = run_record(calls=3)
+    trajectory = trajectory_open(record=replace(run, steps=[], source_ref="tallied", status="running"))
+    steps_append(trajectory_id=trajectory.pk, steps=run.steps)
+    tally = trajectory_tally(trajectory_id=trajectory.pk)  # e.g. while the evaluation runs
+    evaluation = StepRecord(kind="eval", command="pytest", output="3 passed", exit_code=0)
+    steps_append(trajectory_id=trajectory.pk, steps=[evaluation])
+
+    assert trajectory_finish(trajectory_id=trajectory.pk, status="completed", reward=1.0,
+                             finished_at=run.finished_at, tally=tally.with_steps([evaluation])) is None
+    with_tally = _finished_counts(trajectory.pk)
+    trajectory_finish(trajectory_id=trajectory.pk, status="completed", reward=1.0, finished_at=run.finished_at)
+
+    assert with_tally == _finished_counts(trajectory.pk)
+    assert with_tally[1:5] == (7, 3, 330, 60)
+
+
+def test_a_tally_overtaken_by_steps_it_was_not_told_about_is_not_used():
+    run = run_record(calls=3)
+    trajectory = trajectory_open(record=replace(run, steps=[], source_ref="overtaken", status="running"))
+    steps_append(trajectory_id=trajectory.pk, steps=run.steps[:4])
+    tally = trajectory_tally(trajectory_id=trajectory.pk)
+    steps_append(trajectory_id=trajectory.pk, steps=run.steps[4:])  # a late call and command: actions
+
+    assert tally.with_steps(run.steps[4:]) is None  # actions change the hash: only a recount will do
+    finished = trajectory_finish(trajectory_id=trajectory.pk, status="completed", tally=tally)
+
+    assert finished is not None  # recounted
+    assert (finished.n_steps, finished.n_model_calls, finished.tokens_in) == (6, 3, 330)
