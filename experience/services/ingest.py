@@ -286,12 +286,17 @@ def _duration(started: datetime | None, finished: datetime | None) -> float | No
 # ---------------------------------------------------------------- the live path
 
 
-def trajectory_open(*, record: TrajectoryRecord) -> Trajectory:
+def trajectory_open(*, record: TrajectoryRecord, exclusive: bool = False) -> Trajectory:
     """Create the trajectory row for a run that is starting (steps come later). Idempotent on source_ref.
 
     Inside a caller's transaction this is a savepoint and one INSERT: the run is almost always new, so the
-    lookup is made only when the insert finds it taken."""
+    lookup is made only when the insert finds it taken. `exclusive`: a run already there raises
+    IntegrityError instead (failing the caller's transaction), for a caller to whom it means the work is
+    someone else's (a rollout attempt's claim); then it is the INSERT alone."""
     validate_trajectory(record)
+    if exclusive:
+        return Trajectory.objects.create(source=record.source, source_ref=record.source_ref,
+                                         **_trajectory_fields(record))
     try:
         with transaction.atomic():
             return Trajectory.objects.create(source=record.source, source_ref=record.source_ref,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Max, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -166,7 +166,8 @@ def rollout_start(*, rollout_id: int, worker: str,
     With `open_trajectory`, the attempt's trajectory (made by it from the claimed rollout) and a new proxy
     token are set in the same transaction as the claim: one commit for the whole start. The claim is
     conditional on the rollout still being queued at the attempt read, so a duplicate message (a re-send, a
-    redelivery) finds nothing to do, and its trajectory is rolled back with its failed claim.
+    redelivery) finds nothing to do, and its trajectory is rolled back with its failed claim; a trajectory
+    of the same attempt opened first by another worker (IntegrityError) means the same.
     """
     now = timezone.now()  # the start is when the worker took it up, before its first query
     rollout = (Rollout.objects.select_related("job", "job__task_set", "task", "job__fleet", "job__fleet__template")
@@ -176,19 +177,27 @@ def rollout_start(*, rollout_id: int, worker: str,
     attempt = rollout.attempt
     rollout.status, rollout.worker, rollout.heartbeat_at, rollout.started_at = R.RUNNING, worker, now, now
     rollout.attempt = attempt + 1
-    with transaction.atomic():
-        claim = {"status": R.RUNNING, "worker": worker, "heartbeat_at": now, "started_at": now, "attempt": attempt + 1}
-        if open_trajectory is not None:
-            rollout.trajectory, rollout.token = open_trajectory(rollout), secrets.token_urlsafe(24)
-            claim.update(trajectory=rollout.trajectory, token=rollout.token)
-        if not Rollout.objects.filter(pk=rollout_id, status=R.QUEUED, attempt=attempt).update(**claim):
-            transaction.set_rollback(True)
-            return None
-        if rollout.job.status == RolloutJob.Status.QUEUED:  # only the job's first rollout pays for this
-            RolloutJob.objects.filter(pk=rollout.job_id, status=RolloutJob.Status.QUEUED).update(
-                status=RolloutJob.Status.RUNNING, started_at=now
-            )
-    return rollout
+    try:
+        with transaction.atomic():
+            return rollout if _claim(rollout, attempt, open_trajectory) else None
+    except IntegrityError:  # another worker opened this attempt first: the rollout is theirs
+        return None
+
+
+def _claim(rollout: Rollout, attempt: int, open_trajectory: Callable[[Rollout], Trajectory] | None) -> bool:
+    claim = {"status": R.RUNNING, "worker": rollout.worker, "heartbeat_at": rollout.started_at,
+             "started_at": rollout.started_at, "attempt": attempt + 1}
+    if open_trajectory is not None:
+        rollout.trajectory, rollout.token = open_trajectory(rollout), secrets.token_urlsafe(24)
+        claim.update(trajectory=rollout.trajectory, token=rollout.token)
+    if not Rollout.objects.filter(pk=rollout.pk, status=R.QUEUED, attempt=attempt).update(**claim):
+        transaction.set_rollback(True)
+        return False
+    if rollout.job.status == RolloutJob.Status.QUEUED:  # only the job's first rollout pays for this
+        RolloutJob.objects.filter(pk=rollout.job_id, status=RolloutJob.Status.QUEUED).update(
+            status=RolloutJob.Status.RUNNING, started_at=rollout.started_at
+        )
+    return True
 
 
 def rollout_heartbeat(*, rollout_id: int, worker: str) -> bool:

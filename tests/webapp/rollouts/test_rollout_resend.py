@@ -109,3 +109,19 @@ def test_a_finished_rollout_is_never_due_and_its_late_duplicate_does_nothing(set
     assert rollouts_resend_due(now=_later(3600)) == []
     assert rollout_start(rollout_id=rollout.pk, worker="late") is None
     assert Rollout.objects.get(pk=rollout.pk).status == R.SUCCEEDED
+
+
+def test_a_start_that_finds_its_attempt_already_opened_by_another_worker_claims_nothing():
+    job = make_job(["a"])
+    rollout = job.rollouts.get()
+    rollout.attempt = 1  # the attempt the start is about to open
+    _open_for(rollout)  # another worker got there first (its claim not committed yet, in a real race)
+
+    def open_exclusively(claimed: Rollout) -> Trajectory:
+        return trajectory_open(exclusive=True, record=TrajectoryRecord(
+            source="rollout", source_format="trove-rollout", task_key=claimed.task.key,
+            source_ref=f"rollout:{claimed.pk}:attempt:{claimed.attempt}", status="running"))
+
+    assert rollout_start(rollout_id=rollout.pk, worker="second", open_trajectory=open_exclusively) is None
+    stored = Rollout.objects.get(pk=rollout.pk)
+    assert (stored.status, stored.worker, stored.attempt, stored.trajectory_id) == (R.QUEUED, "", 0, None)
