@@ -12,8 +12,9 @@ Phases, on a scratch database created for the run and dropped after (tables empt
 - bulk: `trajectories_ingest_many` in batches of 20 runs: validation, preparation (blob hashing,
   compression, previews, the exact-dedup hash), blobs, trajectories and steps (COPY), one transaction each.
 - copy: the floor. The same kind of rows (trajectories, blobs, steps) for a second set of runs of the same
-  shape, prepared and compressed beforehand, written with raw COPY in the same batches, one transaction
-  each; only the database work is timed.
+  shape, prepared and compressed beforehand (contexts as deltas, as the bulk path stores them), written
+  with raw COPY in the same batches and formats (binary for steps and blobs), one transaction each; only
+  the database work is timed.
 - orm: the naive way, per-row `.save()` (autocommit) of the same prepared rows, on the first runs only.
 
 bulk and copy take turns batch by batch (a noisy neighbour on a shared machine hits both alike), for
