@@ -131,3 +131,10 @@ def test_refused_edits_are_recognised():
     )
     assert edit_rejected(output="", exit_code=1)
     assert not edit_rejected(output="[File: /repo/a.py (10 lines total)]", exit_code=None)
+
+
+def test_a_command_is_parsed_once_and_its_intent_reused():
+    first = parse_command("pytest tests/test_cache_once.py -q && sed -i 's/a/b/' src/once.py")
+
+    assert parse_command("pytest tests/test_cache_once.py -q && sed -i 's/a/b/' src/once.py") is first
+    assert first.writes == (FileWrite("src/once.py"),) and first.tests[0].runner == "pytest"

@@ -8,6 +8,7 @@ from experience.distill.manifest import ManifestBuilder
 from experience.distill.source import record_content_hash
 from experience.distill.spec import DatasetSpec
 from experience.distill.values import value_rows
+from experience.distill.writers import RowEncoder
 
 
 def corpus():
@@ -100,3 +101,13 @@ def test_a_spec_that_matches_nothing_raises_empty_dataset_error():
         build(only_duplicates)
     with pytest.raises(EmptyDatasetError):
         build([])
+
+
+def test_rows_observed_with_their_encoded_lines_give_the_same_hash_as_rows_encoded_by_the_builder():
+    spec = DatasetSpec(kind="value", seed=5)
+    encoder = RowEncoder()
+    builder = ManifestBuilder(spec, curation_version="curation-3")
+    for row in value_rows(builder.track(corpus()), spec):
+        builder.observe(row, encoder.encode(row))
+
+    assert builder.finish()["content_hash"] == build(corpus())["content_hash"]

@@ -212,3 +212,75 @@ def test_a_task_missing_from_the_steps_goes_after_the_system_prompt():
         {"role": "system", "content": "You are careful."},
         {"role": "user", "content": TASK},
     ]
+
+
+def _contexts_of_a_growing_run():
+    """Contexts as a run's model calls see them: each the previous one plus a reply and an output, the
+    messages shared between contexts; then one that is not an extension (a harness that rewrote it)."""
+    system, task = {"role": "system", "content": "s" * 400}, {"role": "user", "content": "Task: " + TASK}
+    context, contexts = [system, {"role": "user", "content": "demo " * 300}, task], []
+    for n in range(12):
+        call = {"role": "assistant", "content": f"run {n}", "tool_calls": [{"id": f"c{n}"}]}
+        context = context + [call, {"role": "tool", "tool_call_id": f"c{n}", "content": "o" * (100 + 40 * n)}]
+        contexts.append(context)
+    contexts.append([system, task] + contexts[-1][-4:])
+    return contexts
+
+
+@pytest.mark.parametrize("known_total", [None, 2500])
+@pytest.mark.parametrize("budget", [10_000, 700, 300, 50])
+def test_truncating_with_per_run_message_facts_gives_what_truncating_each_context_alone_gives(
+    budget, known_total
+):
+    facts = chat.MessageFacts()
+
+    for context in _contexts_of_a_growing_run():
+        shared = chat.truncate(context, budget, instruction=TASK, known_total=known_total, facts=facts)
+        alone = chat.truncate(context, budget, instruction=TASK, known_total=known_total)
+
+        assert shared == alone
+        assert chat.token_counts(context, known_total, facts) == chat.token_counts(context, known_total)
+        assert (
+            chat.task_index(context, TASK, facts=facts)
+            == chat.task_index(context, TASK)
+            == (context.index(next(m for m in context if m["content"] == "Task: " + TASK)))
+        )
+
+
+def test_the_value_rows_of_a_run_are_those_of_each_context_truncated_alone():
+    request = [MessageRecord("system", "s" * 200), MessageRecord("user", TASK)]
+    steps = []
+    for n in range(8):
+        steps += [
+            model_call(f"step {n}", list(request), tokens_in=60 * (n + 2)),
+            command(f"cat f{n}.py", "x" * 300),
+        ]
+        request += [MessageRecord("assistant", f"step {n}"), MessageRecord("user", "x" * 300)]
+    spec = DatasetSpec(kind="value", context_budget_tokens=300)
+
+    rows = list(value_rows([source_run("r1", steps)], spec))
+
+    assert len(rows) == 8 and rows[-1]["stats"]["context_dropped"] > 0  # the budget cut the late contexts
+    for row, call in zip(rows, steps[::2], strict=True):
+        alone = chat.truncate(
+            [m.as_openai() for m in call.request_messages], 300, instruction=TASK, known_total=call.tokens_in
+        )
+        assert row["messages"] == alone.messages
+        assert (row["stats"]["context_tokens"], row["stats"]["context_dropped"]) == (
+            alone.tokens,
+            alone.dropped,
+        )
+
+
+def test_the_rows_of_a_run_share_their_context_messages_and_its_rubric_is_made_once():
+    request = [MessageRecord("system", "s"), MessageRecord("user", TASK)]
+    steps = []
+    for n in range(3):
+        steps += [model_call(f"step {n}", list(request)), command(f"cat f{n}.py", "x")]
+        request += [MessageRecord("assistant", f"step {n}"), MessageRecord("user", "x")]
+    run = source_run("r1", steps)
+
+    rows = list(value_rows([run], DatasetSpec(kind="value")))
+
+    assert rows[1]["messages"][0] is rows[2]["messages"][0]  # one dict per message record and run
+    assert run.scored is run.scored

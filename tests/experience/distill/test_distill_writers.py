@@ -11,7 +11,14 @@ from experience.distill.errors import RowShapeError
 from experience.distill.schemas import schema_for_kind
 from experience.distill.spec import DatasetSpec
 from experience.distill.values import value_rows
-from experience.distill.writers import ParquetRowWriter, write_jsonl_gz, write_parquet
+from experience.distill.writers import (
+    ParquetRowWriter,
+    RowEncoder,
+    conform_row,
+    encode_row,
+    write_jsonl_gz,
+    write_parquet,
+)
 
 ROWS = 200_000
 # Holding 200k of these rows in a list takes well over 100 MB; a streaming writer needs a row group.
@@ -115,3 +122,74 @@ def test_an_empty_stream_with_a_declared_schema_still_writes_a_readable_file(tmp
 
     assert result.rows == 0
     assert pq.read_table(tmp_path / "empty.parquet").schema.equals(schema_for_kind("sft"))
+
+
+def _rows_sharing_messages():
+    """Value-shaped rows as a run makes them: growing contexts sharing message dicts, a context that is
+    not an extension, a null list, and text JSON must escape."""
+    task = {"role": "user", "content": 'Fix it: naïve “dates” \x1f\n\t\\ "quoted"'}
+    context, rows = [{"role": "system", "content": "s"}, task], []
+    for n in range(6):
+        context = context + [
+            {"role": "assistant", "content": f"step {n}"},
+            {"role": "user", "content": "x" * n},
+        ]
+        rows.append({"kind": "value", "step_index": n + 1, "target_value": 0.95 ** (6 - n), "messages": context,
+                     "action": {"role": "assistant", "content": f"step {n}"}, "rubric": {"edited_source": n > 2}})  # fmt: skip
+    rows.append(rows[-1] | {"messages": [context[0], context[-1]]})
+    rows.append(rows[-1] | {"messages": None})
+    return rows
+
+
+def test_the_row_encoder_gives_each_row_its_canonical_json_when_rows_share_messages():
+    encoder = RowEncoder()
+
+    for row in _rows_sharing_messages():
+        line = encoder.encode(row)
+
+        assert line == encode_row(row)
+        assert line.decode() == json.dumps(row, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def test_the_row_encoder_sees_a_list_that_grew_in_place():
+    encoder = RowEncoder()
+    messages = [{"role": "user", "content": "a"}]
+    first = encoder.encode({"messages": messages})
+    messages.append({"role": "assistant", "content": "b"})
+
+    assert first == b'{"messages":[{"content":"a","role":"user"}]}'
+    assert encoder.encode({"messages": messages}) == encode_row({"messages": messages})
+
+
+def test_the_jsonl_writer_compresses_at_the_fastest_gzip_level(tmp_path):
+    write_jsonl_gz(small_rows(10), tmp_path / "a.jsonl.gz")
+
+    header = (tmp_path / "a.jsonl.gz").read_bytes()[:10]
+    assert header[8] == 4  # XFL 4: "compressor used fastest algorithm" (level 1), see GZIP_LEVEL
+
+
+def test_parquet_rows_sharing_messages_are_stored_as_the_schema_fits_them_row_by_row(tmp_path):
+    schema = pa.schema(
+        [("kind", pa.string()), ("step_index", pa.int32()), ("target_value", pa.float64()),
+         ("messages", schema_for_kind("value").field("messages").type),
+         ("action", schema_for_kind("value").field("action").type),
+         ("rubric", pa.struct([("edited_source", pa.bool_()), ("verified_fix", pa.bool_())]))]
+    )  # fmt: skip
+    rows = _rows_sharing_messages()
+    rows[2] = rows[2] | {"action": {"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}}
+
+    write_parquet(iter(rows), tmp_path / "rows.parquet", schema=schema, row_group_rows=3)
+    stored = pq.read_table(tmp_path / "rows.parquet")
+
+    assert (
+        stored.num_rows == len(rows)
+        and pq.ParquetFile(tmp_path / "rows.parquet").metadata.num_row_groups == 3
+    )
+    row_by_row = pa.Table.from_pylist([conform_row(row, schema) for row in rows], schema=schema)
+    assert stored.to_pylist() == row_by_row.to_pylist()
+    assert stored.to_pylist()[2]["action"]["tool_calls"] == '[{"id": "1"}]'
+    assert stored.to_pylist()[-1]["messages"] is None
+    with pytest.raises(RowShapeError, match=r"row.rubric: fields the schema does not declare: surprise"):
+        ParquetRowWriter(tmp_path / "x.parquet", schema=schema).write(
+            rows[0] | {"rubric": {"surprise": True}}
+        )
