@@ -5,7 +5,9 @@ runs the spec's filters select out of the store (`dataset_source.source_runs`: o
 a batch at a time, never the whole store in memory) into `distill.build.distill`, which writes one
 JSONL.gz and one Parquet file per split under `TROVE_DATASET_DIR/<dataset name>/<version>/` and returns
 the manifest. The filters are `dataset_source`'s (task sets, models, harnesses, sources, outcome,
-curation, dates, tags).
+curation, dates, tags). Outside a transaction on Postgres the reading (store, records, rubric, labels)
+runs in a forked reader process that hands batches over a bounded queue, so reading and writing use two
+cores (`_read_aside`).
 
 Versions are immutable: a build writes into a scratch directory and renames it into place only when the
 manifest is complete, and a ready version is never built again (a rebuild is a new version). A spec
