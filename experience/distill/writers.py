@@ -1,15 +1,16 @@
 """Streamed writers: rows go to disk as they come, never gathered in memory.
 
 `RowEncoder` turns a row into its canonical JSON (sorted keys, compact, UTF-8 as is; orjson, whose bytes
-are those of `json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)` except that floats
-under 1e-4 are written without an exponent), encoding each distinct message object once: a run's value
+are those of `json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)` except for some
+floats under 1e-4, same value, other spelling: 0.00001 for 1e-05, 1e-7 for 1e-07), encoding each distinct message object once: a run's value
 rows share their context messages, so encoding every row whole would be quadratic in the run's length.
 The same bytes are the JSONL line and what the manifest's row digest hashes.
 
 `JsonlGzWriter` writes one JSON object per line through gzip at level 1 (mtime 0, so the same rows give
 the same bytes; level 1 because the rows repeat each other so much that higher levels buy little and cost
 several times the time). `ParquetRowWriter` buffers at most one row group (`row_group_rows` rows, or
-`max_batch_bytes` of text, whichever comes first) before handing it to pyarrow's ParquetWriter; message
+`max_batch_bytes` of text, whichever comes first) before handing it to pyarrow's ParquetWriter (on a
+thread of its own, as the gzip stream has one: both let go of the GIL while they compress); message
 lists are built as Arrow columns from the distinct messages of the group and `take` indices, not
 message by message. Both are also usable row by row, so one pass over the data can feed several files
 (a split each, JSONL and Parquet) — see `build.distill`.
@@ -198,6 +199,10 @@ class ParquetRowWriter:
         self._batch_bytes = 0
         self._writer: pq.ParquetWriter | None = None
         self._result: WriteResult | None = None
+        # pyarrow lets go of the GIL while it encodes and compresses a row group: a thread of its own
+        # writes one while this one gathers the next (one in flight at most).
+        self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parquet-write")
+        self._in_flight: Future[None] | None = None
         self._lists: dict[str, _ItemListColumn] = {}
         self._rest_schema = schema
         if schema is not None:
@@ -229,7 +234,11 @@ class ParquetRowWriter:
         """Flush and close; idempotent (a second call returns the first result)."""
         if self._result is not None:
             return self._result
-        self._flush()
+        try:
+            self._flush()
+            self._wait()
+        finally:
+            self._encoder.shutdown(wait=True)
         if self._writer is None and self._schema is not None:
             self._writer = pq.ParquetWriter(self.path, self._schema, compression="zstd")
         if self._writer is not None:
@@ -252,9 +261,17 @@ class ParquetRowWriter:
         if self._writer is None:
             self._schema = table.schema
             self._writer = pq.ParquetWriter(self.path, table.schema, compression="zstd")
-        self._writer.write_table(table, row_group_size=len(self._batch))
+        self._wait()
+        self._in_flight = self._encoder.submit(
+            self._writer.write_table, table, row_group_size=len(self._batch)
+        )
         self._batch = []
         self._batch_bytes = 0
+
+    def _wait(self) -> None:
+        if self._in_flight is not None:
+            self._in_flight.result()
+            self._in_flight = None
 
     def _rest_table(self) -> pa.Table:
         """The group's columns but the item lists: the rows as they are when pyarrow takes them (the
