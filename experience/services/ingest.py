@@ -51,13 +51,6 @@ _STEP_TYPES = (
     "int8", "int8", "int4", "varchar", "timestamptz", "timestamptz", "float8", "int4", "int4",
     "int4", "bool", "varchar", "text", "bytea", "bytea",
 )
-# Steps go in COPY's binary format (nothing to escape; Postgres parses no text for numbers and times). A jsonb
-# field in binary is a version byte then the JSON text (`_jsonb`); COPY sends no types, so it is declared
-# bytea here only to have psycopg send those bytes as they are.
-_STEP_TYPES = (
-    "int8", "int8", "int4", "varchar", "timestamptz", "timestamptz", "float8", "int4", "int4",
-    "int4", "bool", "varchar", "text", "bytea", "bytea",
-)
 
 
 @dataclass(frozen=True)
