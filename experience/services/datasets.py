@@ -23,7 +23,9 @@ import gzip
 import json
 import logging
 import multiprocessing
+import os
 import pickle
+import queue
 import re
 import shutil
 import threading
@@ -62,6 +64,7 @@ MANIFEST_FILE = "manifest.json"
 # have read ahead.
 READ_ASIDE = True
 READ_AHEAD_BATCHES = 2
+READER_PATIENCE_S = 5.0  # how often a reader with a full queue checks that its parent is alive
 
 
 # --- specs and filters -----------------------------------------------------------------------------------
@@ -337,16 +340,28 @@ def _reader_main(spec: DatasetSpec, show: Callable[[int, int], None] | None, bat
         _PARENT_CONNECTIONS.append(alias.connection)  # kept alive: closing one would end the parent's
         alias.connection = None
     progress = Progress(show=show)
+    parent = os.getppid()
     try:
         for batch in _labelled_batches(spec, progress):
-            batches.put(("batch", batch))
-        batches.put(("done", (progress.runs, progress.steps)))
+            _hand_over(batches, ("batch", batch), parent)
+        _hand_over(batches, ("done", (progress.runs, progress.steps)), parent)
     except BaseException as error:  # noqa: BLE001 - handed to the parent, which raises it
-        batches.put(("error", _picklable(error)))
+        _hand_over(batches, ("error", _picklable(error)), parent)
     finally:
         connections.close_all()
         batches.close()
         batches.join_thread()
+
+
+def _hand_over(batches: Any, item: tuple[str, Any], parent: int) -> None:
+    """Queue an item for the parent; end this process if the parent has died (nobody will read it)."""
+    while True:
+        try:
+            batches.put(item, timeout=READER_PATIENCE_S)
+            return
+        except queue.Full:
+            if os.getppid() != parent:
+                os._exit(1)
 
 
 _PARENT_CONNECTIONS: list[Any] = []  # in a reader process: the parent's connections, never to be closed

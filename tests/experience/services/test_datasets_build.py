@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import multiprocessing
 import os
 import threading
 from pathlib import Path
@@ -30,8 +31,11 @@ def dataset_dir(settings, tmp_path):
 
 
 def build(name: str = "set", kind: str = "value", filters=None, **options) -> DatasetVersion:
-    dataset = datasets.dataset_get(ref=name) if datasets.dataset_list().filter(name=name).exists() else (
-        datasets.dataset_create(name=name, kind=kind, filters=filters, options=options))
+    dataset = (
+        datasets.dataset_get(ref=name)
+        if datasets.dataset_list().filter(name=name).exists()
+        else (datasets.dataset_create(name=name, kind=kind, filters=filters, options=options))
+    )
     version = datasets.dataset_version_request(dataset=dataset)
     return datasets.dataset_version_build(version_id=version.pk)
 
@@ -63,7 +67,9 @@ def test_a_value_build_writes_each_split_as_jsonl_and_parquet_with_a_manifest(da
     assert version.row_count == manifest["rows"] == 216 == len(rows_of(version))
     for entry in manifest["files"]:
         path = directory / entry["name"]
-        assert version.files[entry["name"]] == f"set/1/{entry['name']}" and path.stat().st_size == entry["bytes"]
+        assert (
+            version.files[entry["name"]] == f"set/1/{entry['name']}" and path.stat().st_size == entry["bytes"]
+        )
         if entry["name"].endswith(".parquet"):
             assert pq.read_table(path).num_rows == entry["rows"]
     assert manifest["store"] == {"runs_read": 48, "steps_read": 24 * 10 + 24 * 8}  # two steps a decision
@@ -310,7 +316,10 @@ def test_a_build_writes_the_rubric_labels_once_with_their_version():
     assert verified.value is True
     # verified once the repro passes after the edit: the 4th command, step 7 of the run
     assert verified.step.seq == 7 and verified.step.kind == "command"
-    assert labels.get(name="edited_only_tests").value is False and labels.get(name="edited_only_tests").step is None
+    assert (
+        labels.get(name="edited_only_tests").value is False
+        and labels.get(name="edited_only_tests").step is None
+    )
 
 
 def test_a_finished_version_is_not_built_again_and_a_held_build_is_left_alone():
@@ -433,3 +442,17 @@ def test_an_error_in_the_reader_process_fails_the_version_with_that_error(monkey
     assert version.status == "failed"
     assert version.error == "internal error: ValueError: the store is on fire"
     assert not Path(datasets.version_dir(version)).exists()
+
+
+def test_a_reader_whose_parent_is_gone_ends_instead_of_waiting_on_a_full_queue(monkeypatch):
+    monkeypatch.setattr(datasets, "READER_PATIENCE_S", 0.05)
+    context = multiprocessing.get_context("fork")
+    full = context.Queue(maxsize=1)
+    full.put("unread")
+    # -1 is nobody's parent: to the reader, its parent has gone.
+    reader = context.Process(target=datasets._hand_over, args=(full, ("batch", []), -1))
+
+    reader.start()
+    reader.join(timeout=30)
+
+    assert reader.exitcode == 1
