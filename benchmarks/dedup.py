@@ -14,12 +14,13 @@ Phases (each can be shrunk or skipped by flag):
   The plan a run came from is the ground truth for pair precision / recall of the clusters.
 - embed_per_s: lexical on all runs; MiniLM on the first `--minilm-n` (whole tasks, so the two embedders'
   cluster quality can also be compared on the same runs).
-- index: `VectorIndex.rebuild` over the lexical vectors (HNSW at this size, efSearch tuned for plain
-  recall@10 with the dedup threshold as a second target), then for 1,000 held-out runs (random runs kept
-  out of the index, so mostly new runs of indexed tasks): single-vector query p50 (and the exact flat
-  index's p50 in the same run), recall@10 against brute force, recall@10 of the true neighbours at or
-  above the threshold, the same figures over a sweep of efSearch, and (`with_tombstones`) the tuned figures
-  again after removing every tenth id, against brute force over the ids left.
+- index: `VectorIndex.rebuild` over the lexical vectors (the PQ scan + exact re-rank layout at this
+  size, its candidate count tuned for plain recall@10 with the dedup threshold as a second target), then
+  for 1,000 held-out runs (random runs kept out of the index, so mostly new runs of indexed tasks):
+  single-vector query p50 (and the exact flat index's p50 in the same run), recall@10 against brute
+  force, recall@10 of the true neighbours at or above the threshold, the same figures over a sweep of the
+  candidate count, and (`with_tombstones`) the tuned figures again after removing every tenth id, against
+  brute force over the ids left.
 - end_to_end_s: normalise + hash + signature + lexical embedding + index build + clustering of all `--n`
   runs (generation of the synthetic records is not counted).
 - million (`--million`, on by default): the same for the lexical vectors of `--million-n` more synthetic
@@ -62,7 +63,7 @@ FIXTURES = Path("/work/shared/fixtures/trajectories/swe-agent")
 RUNS_PER_TASK = 20
 QUERIES = 1000
 K = 10
-EF_SWEEP = (32, 128, 512, 2048)
+RERANK_SWEEP = (50, 100, 200, 400, 800)
 
 WORDS = (
     "parser serializer field value rounding precision timezone datetime schema nested list dict cache "
@@ -269,7 +270,7 @@ def dedup_pipeline(records: list[TrajectoryRecord], embedder: Embedder) -> tuple
     }
 
 
-def single_query_p50_ms(index: VectorIndex, queries: np.ndarray, ef_search: int | None = None) -> float:
+def single_query_p50_ms(index: VectorIndex, queries: np.ndarray, rerank: int | None = None) -> float:
     """One query per call, FAISS on one OpenMP thread: what a web process answering one request sees. (With
     two threads on this shared 2-core box a flat 100k search took 75 ms instead of 15 ms: the threads wait
     for each other.)"""
@@ -279,7 +280,7 @@ def single_query_p50_ms(index: VectorIndex, queries: np.ndarray, ef_search: int 
         times = []
         for query in queries:
             start = time.perf_counter()
-            index.search(query, K, ef_search=ef_search)
+            index.search(query, K, rerank=rerank)
             times.append(time.perf_counter() - start)
     finally:
         faiss.omp_set_num_threads(threads)
@@ -289,16 +290,16 @@ def single_query_p50_ms(index: VectorIndex, queries: np.ndarray, ef_search: int 
 def index_figures(
     index: VectorIndex, ids: np.ndarray, vectors: np.ndarray, queries: np.ndarray, threshold: float
 ) -> dict[str, Any]:
-    """The tuned index against brute force, and a sweep of efSearch: p50, recall@10, recall@10 of the
+    """The tuned index against brute force, and a sweep of the re-ranked candidate count: p50, recall@10, recall@10 of the
     neighbours at or above the dedup threshold (what dedup needs)."""
     exact = VectorIndex(index.dim, exact_threshold=len(ids) + 1)
     exact.rebuild(ids, vectors)
     truth_scores, truth_ids = exact.search(queries, K)
 
-    def measure(ef_search: int | None) -> dict[str, float]:
-        scores, found = index.search(queries, K, ef_search=ef_search)
+    def measure(rerank: int | None) -> dict[str, float]:
+        scores, found = index.search(queries, K, rerank=rerank)
         return {
-            "query_p50_ms": round(single_query_p50_ms(index, queries[:300], ef_search), 3),
+            "query_p50_ms": round(single_query_p50_ms(index, queries[:300], rerank), 3),
             "recall_at_10": round(recall_at_k(found, scores, truth_ids, truth_scores, k=K), 4),
             "recall_at_10_above_threshold": round(
                 recall_at_k(found, scores, truth_ids, truth_scores, k=K, floor=threshold), 4
@@ -307,18 +308,18 @@ def index_figures(
 
     tuned = measure(None)
     sweep = {}
-    for ef_search in EF_SWEEP if index.kind == "hnsw" else ():
-        sweep[ef_search] = measure(ef_search)
-        log(f"  efSearch {ef_search}: {sweep[ef_search]}")
+    for rerank in RERANK_SWEEP if index.kind == "scan" else ():
+        sweep[rerank] = measure(rerank)
+        log(f"  rerank {rerank}: {sweep[rerank]}")
     above = float(np.mean(truth_scores[:, 0] >= threshold))
     return {
         **tuned,
         "exact_query_p50_ms": round(single_query_p50_ms(exact, queries[:50]), 2),
         "queries_with_a_neighbour_above_threshold": round(above, 3),
         "index_kind": index.kind,
-        "ef_search": index.ef_search,
+        "rerank": index.rerank,
         "tuned_recall_at_10": index.measured_recall,
-        "ef_search_sweep": sweep,
+        "rerank_sweep": sweep,
         "with_tombstones": tombstone_figures(index, ids, vectors, queries, threshold),
     }
 
@@ -438,7 +439,7 @@ def synthetic_phase(args: argparse.Namespace) -> dict[str, Any]:
     _, index_build_s = timed(
         lambda: VectorIndex(lexical.dim, recall_floor=lexical.threshold).rebuild(ids, vectors)
     )
-    log(f"index {index.kind} efSearch={index.ef_search}: build {index_build_s:.1f}s")
+    log(f"index {index.kind} rerank={index.rerank}: build {index_build_s:.1f}s")
     figures = index_figures(index, ids, vectors, queries, lexical.threshold)
     log(f"index: {figures}")
 
@@ -499,7 +500,7 @@ def million_phase(args: argparse.Namespace) -> dict[str, Any]:
     index = VectorIndex(lexical.dim, recall_floor=lexical.threshold)
     _, build_s = timed(lambda: index.rebuild(ids, vectors))
     log(
-        f"million: {index.kind} efSearch={index.ef_search} (tuned {index.measured_recall}) in {build_s:.0f}s"
+        f"million: {index.kind} rerank={index.rerank} (tuned {index.measured_recall}) in {build_s:.0f}s"
     )
     figures = index_figures(index, ids, vectors, queries, lexical.threshold)
     log(f"million: {figures}")

@@ -48,7 +48,7 @@ def test_a_small_index_is_exact(data):
     np.testing.assert_allclose(scores, truth_scores, rtol=1e-5)
 
 
-def test_past_the_threshold_it_becomes_hnsw_with_recall_of_99_percent_on_new_queries(data):
+def test_past_the_threshold_it_becomes_a_scan_with_recall_of_99_percent_on_new_queries(data):
     ids, vectors = data
     index = VectorIndex(DIM, exact_threshold=5_000)
     for start in range(0, len(ids), 2_500):  # grown the way ingest grows it
@@ -58,8 +58,8 @@ def test_past_the_threshold_it_becomes_hnsw_with_recall_of_99_percent_on_new_que
     scores, found = index.search(queries, 10)
     truth_scores, truth_ids = brute_force(ids, vectors, queries, 10)
 
-    assert index.kind == "hnsw" and len(index) == len(ids)
-    assert index.trained_size == 7_500  # built when it passed 5,000; 30,000 is not past 4x that
+    assert index.kind == "scan" and len(index) == len(ids)
+    assert index.trained_size == 17_500  # built past 5,000 (7,500), rebuilt past twice that; 30,000 is not
     assert index.measured_recall >= 0.99
     assert recall_at_k(found, scores, truth_ids, truth_scores, k=10) >= 0.98
 
@@ -79,7 +79,7 @@ def test_growth_keeps_every_vector_and_retrains_for_the_larger_size(data):
     np.testing.assert_array_equal(held_vectors[order], vectors)
 
 
-@pytest.mark.parametrize("threshold", [100_000, 5_000], ids=["flat", "hnsw"])
+@pytest.mark.parametrize("threshold", [100_000, 5_000], ids=["flat", "scan"])
 def test_removed_ids_are_never_returned_and_absent_ids_are_ignored(data, threshold):
     ids, vectors = data[0][:12_000], data[1][:12_000]
     index = VectorIndex(DIM, exact_threshold=threshold)
@@ -121,7 +121,7 @@ def test_the_high_water_mark_is_the_largest_id_ever_added():
     assert index.high_water_mark == 4 and len(index) == 2
 
 
-@pytest.mark.parametrize("threshold", [100_000, 5_000], ids=["flat", "hnsw"])
+@pytest.mark.parametrize("threshold", [100_000, 5_000], ids=["flat", "scan"])
 def test_save_and_load_round_trip_search_results_and_state(tmp_path, data, threshold):
     ids, vectors = data[0][:8_000], data[1][:8_000]
     index = VectorIndex(DIM, exact_threshold=threshold)
@@ -131,11 +131,11 @@ def test_save_and_load_round_trip_search_results_and_state(tmp_path, data, thres
     index.save(path)
     loaded = VectorIndex.load(path)
 
-    assert (loaded.kind, len(loaded), loaded.high_water_mark, loaded.ef_search) == (
+    assert (loaded.kind, len(loaded), loaded.high_water_mark, loaded.rerank) == (
         index.kind,
         len(index),
         index.high_water_mark,
-        index.ef_search,
+        index.rerank,
     )
     np.testing.assert_array_equal(loaded.search(vectors[:20], 10)[1], index.search(vectors[:20], 10)[1])
     assert [p.name for p in path.parent.iterdir()] == ["dedup.index"]  # no temp file left behind
@@ -169,20 +169,20 @@ def test_a_recall_floor_is_a_second_target_for_the_close_neighbours(data):
     scores, found = floored.search(queries, 10)
     truth_scores, truth_ids = brute_force(ids, vectors, queries, 10)
 
-    assert floored.ef_search >= plain.ef_search  # the floor adds a requirement, never relaxes the plain one
+    assert floored.rerank >= plain.rerank  # the floor adds a requirement, never relaxes the plain one
     assert (truth_scores >= 0.9).sum() > 100  # the floor is tested on real close pairs
     assert recall_at_k(found, scores, truth_ids, truth_scores, k=10, floor=0.9) >= 0.99
 
 
-def test_a_search_can_ask_for_a_wider_walk_than_the_tuned_one(data, tmp_path):
+def test_a_search_can_ask_for_more_candidates_than_the_tuned_count(data, tmp_path):
     ids, vectors = data
     index = VectorIndex(DIM, exact_threshold=5_000, recall_floor=0.9)
     index.rebuild(ids, vectors)
     queries = clustered(200, seed=9)
     truth_scores, truth_ids = brute_force(ids, vectors, queries, 10)
 
-    narrow_scores, narrow = index.search(queries, 10, ef_search=10)
-    wide_scores, wide = index.search(queries, 10, ef_search=1_000)
+    narrow_scores, narrow = index.search(queries, 10, rerank=10)
+    wide_scores, wide = index.search(queries, 10, rerank=5_000)
 
     assert recall_at_k(narrow, narrow_scores, truth_ids, truth_scores, k=10) < 0.99
     assert recall_at_k(wide, wide_scores, truth_ids, truth_scores, k=10) >= 0.999
@@ -190,11 +190,11 @@ def test_a_search_can_ask_for_a_wider_walk_than_the_tuned_one(data, tmp_path):
     assert VectorIndex.load(tmp_path / "index").recall_floor == 0.9
 
 
-def test_an_hnsw_index_shrunk_by_removals_goes_back_to_exact_and_keeps_the_rest(data):
+def test_a_scan_index_shrunk_by_removals_goes_back_to_exact_and_keeps_the_rest(data):
     ids, vectors = data[0][:6_000], data[1][:6_000]
     index = VectorIndex(DIM, exact_threshold=5_000)
     index.add(ids, vectors)
-    assert index.kind == "hnsw"
+    assert index.kind == "scan"
 
     index.remove(ids[:4_000])
 
@@ -206,8 +206,8 @@ def test_an_hnsw_index_shrunk_by_removals_goes_back_to_exact_and_keeps_the_rest(
 
 
 @pytest.fixture(scope="module")
-def graph(data) -> tuple[VectorIndex, np.ndarray, np.ndarray]:
-    """An HNSW index over 12,000 vectors, built once; tests that change it take a copy (`fresh`)."""
+def built_scan(data) -> tuple[VectorIndex, np.ndarray, np.ndarray]:
+    """A scan index over 12,000 vectors, built once; tests that change it take a copy (`fresh`)."""
     ids, vectors = data[0][:12_000], data[1][:12_000]
     index = VectorIndex(DIM, exact_threshold=5_000)
     index.rebuild(ids, vectors)
@@ -215,22 +215,22 @@ def graph(data) -> tuple[VectorIndex, np.ndarray, np.ndarray]:
 
 
 @pytest.fixture
-def fresh(graph, tmp_path) -> tuple[VectorIndex, np.ndarray, np.ndarray]:
-    index, ids, vectors = graph
-    index.save(tmp_path / "graph")
-    return VectorIndex.load(tmp_path / "graph"), ids, vectors
+def fresh(built_scan, tmp_path) -> tuple[VectorIndex, np.ndarray, np.ndarray]:
+    index, ids, vectors = built_scan
+    index.save(tmp_path / "scan")
+    return VectorIndex.load(tmp_path / "scan"), ids, vectors
 
 
-def test_removal_from_the_graph_is_a_tombstone_that_no_search_returns(fresh):
+def test_removal_from_the_scan_is_a_tombstone_that_no_search_returns(fresh):
     index, ids, vectors = fresh
     gone = ids[::7]
 
     removed = index.remove(gone)
     _, found = index.search(vectors[::7][:200], 50)
-    _, everything = index.search(vectors[:5], 1_000, ef_search=2_000)
+    _, everything = index.search(vectors[:5], 1_000, rerank=2_000)
 
     assert removed == len(gone) and index.tombstones == len(gone) and len(index) == len(ids) - len(gone)
-    assert index.kind == "hnsw" and not np.isin(found, gone).any() and not np.isin(everything, gone).any()
+    assert index.kind == "scan" and not np.isin(found, gone).any() and not np.isin(everything, gone).any()
     assert (found[:, 0] >= 0).all()  # a removed run's nearest live neighbour is still found
     assert index.remove(gone) == 0  # removing again removes nothing
     assert set(index.contents()[0].tolist()) == set(ids.tolist()) - set(gone.tolist())
@@ -248,7 +248,7 @@ def test_a_removed_id_added_again_is_found_again(fresh):
     assert found[:, 0].tolist() == ids[:10].tolist() and len(index) == len(ids)
 
 
-def test_an_upsert_into_the_graph_replaces_the_vector_and_leaves_one_copy(fresh):
+def test_an_upsert_into_the_scan_replaces_the_vector_and_leaves_one_copy(fresh):
     index, ids, vectors = fresh
 
     index.add(ids[:1], vectors[50:51])
@@ -260,17 +260,17 @@ def test_an_upsert_into_the_graph_replaces_the_vector_and_leaves_one_copy(fresh)
     assert found[0].tolist().count(ids[0]) == 1
 
 
-def test_tombstones_past_the_fraction_rebuild_the_graph_without_them(fresh):
+def test_tombstones_past_the_fraction_rebuild_the_scan_without_them(fresh):
     index, ids, vectors = fresh
     assert index_module.TOMBSTONE_FRACTION == 0.2
     index.remove(ids[:2_000])
-    assert index.tombstones == 2_000  # 17% of the graph: kept as tombstones
+    assert index.tombstones == 2_000  # 17% of the positions: kept as tombstones
 
     index.remove(ids[2_000:2_500])  # 21%: rebuilt
 
     held_ids, held_vectors = index.contents()
     order = np.argsort(held_ids)
-    assert index.kind == "hnsw" and index.tombstones == 0 and index.trained_size == len(ids) - 2_500
+    assert index.kind == "scan" and index.tombstones == 0 and index.trained_size == len(ids) - 2_500
     np.testing.assert_array_equal(held_ids[order], ids[2_500:])
     np.testing.assert_array_equal(held_vectors[order], vectors[2_500:])
     assert not np.isin(index.search(vectors[:100], 10)[1], ids[:2_500]).any()
@@ -290,11 +290,11 @@ def test_tombstones_survive_save_and_load(fresh, tmp_path):
     assert loaded.search(vectors[:1], 1)[1][0, 0] == ids[0]
 
 
-def test_ef_search_is_tuned_on_vectors_held_out_of_the_graph(graph):
-    index, ids, vectors = graph
+def test_the_rerank_count_is_tuned_on_vectors_held_out_of_the_scan(built_scan):
+    index, ids, vectors = built_scan
 
     assert index.measured_recall >= 0.99
-    assert index.ef_search >= index_module.MIN_EF_SEARCH
+    assert index.rerank >= index_module.MIN_RERANK
     assert len(index) == len(ids) and index.tombstones == 0  # the held-out vectors were added afterwards
     np.testing.assert_array_equal(np.sort(index.contents()[0]), ids)
 
