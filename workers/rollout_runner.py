@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent import futures
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -77,6 +78,10 @@ EVAL_PROTECTED = ("tests/",)  # task files restored before the evaluation runs
 # commands' output in their context, are shown as they land).
 STEP_FLUSH_S = 5.0
 HARNESS_OUTPUT_BYTES = 256 * 1024  # per stream, for an external harness's command step
+# Threads kept for the bookkeeping an attempt does while its evaluation runs: starting a thread waits for it
+# to be scheduled, on the rollout's critical path. Each job closes its database connection when done, so an
+# idle thread holds none.
+_BOOKKEEPING = futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="rollout-bookkeeping")
 
 
 class InfraFailure(SandboxError):
@@ -341,11 +346,11 @@ class Attempt:
         # Write the queued steps, wait for the proxy's records and tally the run on a thread while the
         # evaluation runs: all bookkeeping. The evaluation's step is the newest, so writing it after costs no
         # renumbering, and it is no action: the tally stays good with it and the finish is one UPDATE.
-        settling = external.Background(_closing_connection, self.settle_and_tally)
+        settling = _BOOKKEEPING.submit(_closing_connection, self.settle_and_tally)
         try:
             diff, result, started_at = self.evaluate()
         except BaseException:
-            settling.wait(PROXY_RECORD_WAIT_S)  # done before the failure path writes its own steps
+            futures.wait([settling], PROXY_RECORD_WAIT_S)  # done before the failure path writes its own steps
             raise
         tally = settling.result()
         self.release()  # the sandbox's work is done; its release belongs in the rollout's timings
