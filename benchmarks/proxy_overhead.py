@@ -6,16 +6,25 @@ or streamed), Trove's proxy (its app served by `run_proxy`), LiteLLM's proxy (fr
 var/bench-venvs/litellm, started with a master key and the local cost map), and the load generator
 (aiohttp client, a new process per run). What Trove's proxy records into, `--sink`:
 
-- `count` (default): the proxy core alone — a fixed token table and an `InProcessSink` whose writer counts;
-- `db`: Trove as wired (`make_trove_proxy_app`): every call's token checked in the database, records
-  written by the real writer (`write_call_records`) from the sink's thread. Needs DATABASE_URL (a migrated
-  Postgres); the benchmark creates a job with one running rollout per connection (each with its
-  trajectory; a harness's calls are sequential) and deletes them afterwards (`--keep` keeps them);
-  `recorded_fraction` counts the model_call steps found in the database;
-- `stream`: the full stack's path — the same, but records go to the Redis stream (REDIS_URL) and an ingest
-  process (`ingest_stream`, what the `trove.proxy.ingest` task runs) stores them meanwhile. Each target gets a warm-up, then these phases; the loaded ones
-are split into `--rounds` rounds in which the targets take turns (so a noisy neighbour on a shared
-machine hits all of them alike; latencies are pooled, throughput is the median round):
+- `stream` (default; the headline): the full stack — Trove as wired (`make_trove_proxy_app`), every
+  call's token checked in the database, records XADDed in batches to the Redis stream (REDIS_URL) and an
+  ingest process (`ingest_stream`, what the `trove.proxy.ingest` task runs; at `--ingest-nice`, default
+  10, as background work) storing them in Postgres meanwhile. Needs DATABASE_URL (a migrated Postgres);
+  the benchmark creates a job with one running rollout per connection (each with its trajectory; a
+  harness's calls are sequential) and deletes them afterwards (`--keep` keeps them); `recorded_fraction`
+  counts the model_call steps found in the database, `recorded_after_s` how long after the last phase the
+  last of them landed;
+- `db`: the embedded default — the same, but records written by the real writer (`write_call_records`)
+  from the sink's thread inside the proxy process;
+- `count`: a diagnostic, not recording — the proxy core alone, a fixed token table (no token check) and an
+  `InProcessSink` whose writer counts.
+
+Trove's proxy is served by `serve_proxy` (what `run_proxy` uses) in `--workers` processes, default 1:
+`run_proxy` itself defaults to one per CPU, but on a 2-core machine that also runs the load generator,
+the upstream, the ingest, Postgres and Redis, a second proxy process costs more in switching than it
+gains. LiteLLM runs in its default configuration (one worker). Each target gets a warm-up, then these
+phases; the loaded ones are split into `--rounds` rounds in which the targets take turns (so a noisy
+neighbour on a shared machine hits all of them alike; latencies are pooled, throughput is the median round):
 
 - unloaded: one request at a time, to each target in turn (one loadgen, one connection per target) —
   what the proxy adds to a call, free of queueing, each target sampled under the same conditions;
@@ -33,8 +42,8 @@ time of a target's own processes per call in the load phase (robust to noisy nei
 the mock's own, `ingest_` the stream ingest's with `--sink stream`). Targets: recorded_fraction 1.0,
 trove_added_p50_ms < 1, trove_rps >= 50 x litellm_rps and >= direct_rps / 5.
 
-    .venv/bin/python benchmarks/proxy_overhead.py [--requests 3000] [--sink count|db|stream] [--skip-litellm]
-    DATABASE_URL=postgres://... SECRET_KEY=... .venv/bin/python benchmarks/proxy_overhead.py --sink db
+    DATABASE_URL=postgres://... REDIS_URL=redis://... SECRET_KEY=... \
+        .venv/bin/python benchmarks/proxy_overhead.py [--requests 3000] [--sink stream|db|count] [--skip-litellm]
 """
 
 from __future__ import annotations
@@ -213,13 +222,13 @@ def delete_bench_rollouts(bench: dict[str, Any]) -> None:
     Fleet.objects.filter(pk=bench["fleet_id"]).delete()
 
 
-def role_trove(port: int, upstream_url: str, sink_kind: str, workers: int | None) -> None:
-    """Trove's proxy as `run_proxy` serves it: `workers` processes (default: run_proxy's, one per CPU), each
-    with its own app and sink. `--sink count` is one process (its counter is the process's own)."""
+def role_trove(port: int, upstream_url: str, sink_kind: str, workers: int) -> None:
+    """Trove's proxy served as `run_proxy` serves it, in `workers` processes, each with its own app and
+    sink. `--sink count` is one process (its counter is the process's own)."""
     sys.path.insert(0, str(REPO))
     from aiohttp import web
 
-    from webapp.proxy.server import default_workers, serve_proxy
+    from webapp.proxy.server import serve_proxy
 
     if sink_kind != "count":
         _django()
@@ -240,8 +249,7 @@ def role_trove(port: int, upstream_url: str, sink_kind: str, workers: int | None
         app.router.add_get("/bench/recorded", recorded)
         return app, sink
 
-    count = 1 if sink_kind == "count" else workers or default_workers()
-    serve_proxy(make_app, workers=count, host="127.0.0.1", port=port)
+    serve_proxy(make_app, workers=_trove_processes(sink_kind, workers), host="127.0.0.1", port=port)
 
 
 def _counting_app(upstream_url: str) -> tuple[Any, Any, Any]:
@@ -604,11 +612,8 @@ def _keys(
     return keys
 
 
-def _trove_processes(sink_kind: str, workers: int | None) -> int:
-    sys.path.insert(0, str(REPO))
-    from webapp.proxy.server import default_workers
-
-    return 1 if sink_kind == "count" else workers or default_workers()
+def _trove_processes(sink_kind: str, workers: int) -> int:
+    return 1 if sink_kind == "count" else max(1, workers)
 
 
 def _check_environment(sink_kind: str) -> None:
@@ -622,7 +627,7 @@ def _check_environment(sink_kind: str) -> None:
 
 
 def orchestrate(requests: int, sink_kind: str, skip_litellm: bool, rounds: int, keep: bool = False,
-                ingest_nice: int = 10, workers: int | None = None) -> dict[str, Any]:
+                ingest_nice: int = 10, workers: int = 1) -> dict[str, Any]:
     _check_environment(sink_kind)
     workdir = Path(tempfile.mkdtemp(prefix="trove-bench-proxy-"))
     processes: list[subprocess.Popen[bytes]] = []
@@ -638,8 +643,7 @@ def orchestrate(requests: int, sink_kind: str, skip_litellm: bool, rounds: int, 
             os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
         )
         trove_args = ["--role", "trove", "--port", str(trove_port), "--upstream", upstream_url, "--sink", sink_kind]
-        if workers:
-            trove_args += ["--workers", str(workers)]
+        trove_args += ["--workers", str(workers)]
         processes.append(_spawn(_self(*trove_args), env=env, log=trove_log))
         if sink_kind == "stream":
             processes.append(_spawn(_self("--role", "ingest", "--ingest-nice", str(ingest_nice)), env=env,
@@ -710,8 +714,8 @@ def main() -> None:
                         help="--sink stream: the ingest process's niceness (0: the request path's priority)")
     parser.add_argument("--keep", action="store_true", help="--sink db|stream: keep the benchmark's rollouts")
     parser.add_argument("--skip-litellm", action="store_true")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="Trove's proxy processes (default: run_proxy's, one per CPU; --sink count: 1)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="Trove's proxy processes (run_proxy's own default is one per CPU; --sink count: 1)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per phase")
     args = parser.parse_args()
     if args.role == "upstream":
