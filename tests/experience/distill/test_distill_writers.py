@@ -1,5 +1,6 @@
 import gzip
 import json
+import threading
 import tracemalloc
 
 import pyarrow as pa
@@ -161,11 +162,20 @@ def test_the_row_encoder_sees_a_list_that_grew_in_place():
     assert encoder.encode({"messages": messages}) == encode_row({"messages": messages})
 
 
-def test_the_jsonl_writer_compresses_at_the_fastest_gzip_level(tmp_path):
+def test_the_jsonl_writer_compresses_on_its_own_thread_at_level_6(tmp_path, monkeypatch):
+    threads = set()
+    real_write = gzip.GzipFile.write
+
+    def watched(self, data):
+        threads.add(threading.current_thread().name)
+        return real_write(self, data)
+
+    monkeypatch.setattr(gzip.GzipFile, "write", watched)
     write_jsonl_gz(small_rows(10), tmp_path / "a.jsonl.gz")
 
     header = (tmp_path / "a.jsonl.gz").read_bytes()[:10]
-    assert header[8] == 4  # XFL 4: "compressor used fastest algorithm" (level 1), see GZIP_LEVEL
+    assert header[8] == 0  # XFL 0: neither the fastest (1) nor the slowest (9) level: 6, see GZIP_LEVEL
+    assert {name.split("_")[0] for name in threads} == {"jsonl-gzip"}
 
 
 def test_parquet_rows_sharing_messages_are_stored_as_the_schema_fits_them_row_by_row(tmp_path):
