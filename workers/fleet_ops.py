@@ -261,9 +261,8 @@ def sandbox_write_files(lease: Lease, files: dict[str, str]) -> None:
     backend = get_backend(lease.sandbox.fleet.backend)
     for path, text in files.items():
         backend.write_file(lease.handle, path, text.encode())
-    with fleet_services.relaxed_commit():
-        fleet_services.event_record(sandbox=lease.sandbox, kind="write_files", reason=f"{len(files)} file(s)",
-                                    data={"paths": sorted(files)[:100], "fencing_token": lease.fencing_token})
+    fleet_services.event_record_relaxed(sandbox=lease.sandbox, kind="write_files", reason=f"{len(files)} file(s)",
+                                        data={"paths": sorted(files)[:100], "fencing_token": lease.fencing_token})
 
 
 def sandbox_release(lease: Lease, *, reason: str = "released") -> None:
@@ -275,16 +274,20 @@ def sandbox_release(lease: Lease, *, reason: str = "released") -> None:
         reason=reason, lease_holder="", lease_expires_at=None)
     if not moved:
         return  # already reclaimed by the reconciler, which destroys it
-    if _reusable_now(sandbox):
+    reusable, serving = _reuse_facts(sandbox)
+    if reusable and serving:
         fleet_services.sandbox_transition(sandbox=sandbox, to=S.WARM, expect=(S.RELEASED,), reason="reuse")
         return
-    sandbox_terminate(sandbox=sandbox, reason="single-use" if not _template_of(sandbox).reusable else "retired")
+    sandbox_terminate(sandbox=sandbox, reason="retired" if reusable else "single-use")
 
 
-def _reusable_now(sandbox: Sandbox) -> bool:
-    fleet = Fleet.objects.select_related("template").get(pk=sandbox.fleet_id)
-    return (_template_of(sandbox).reusable and fleet.status == Fleet.Status.ACTIVE
-            and sandbox.spec_hash == fleet.template.spec_hash)
+def _reuse_facts(sandbox: Sandbox) -> tuple[bool, bool]:
+    """(the row's template is reusable, the fleet still serves its spec: active, same template spec), read in
+    one query with the joins, from the database (the fleet may have been drained or moved on since)."""
+    own, fleets, status, current_hash = Sandbox.objects.filter(pk=sandbox.pk).values_list(
+        "template__reusable", "fleet__template__reusable", "fleet__status", "fleet__template__spec_hash").get()
+    reusable = own if sandbox.template_id else fleets  # rows made before versions were recorded use the fleet's
+    return bool(reusable), status == Fleet.Status.ACTIVE and sandbox.spec_hash == current_hash
 
 
 # --- ending ----------------------------------------------------------------------------------------------

@@ -54,6 +54,32 @@ def event_record(*, kind: str, sandbox: Sandbox | None = None, fleet_id: int | N
     )
 
 
+def event_record_relaxed(*, sandbox: Sandbox, kind: str, reason: str = "", data: dict | None = None) -> None:
+    """Append an observational event (see relaxed_commit). On Postgres outside a transaction it is one
+    statement in its own relaxed commit: one round trip instead of four (BEGIN, SET LOCAL, INSERT, COMMIT)."""
+    if connection.vendor == "postgresql" and not connection.in_atomic_block:
+        with connection.cursor() as cursor:
+            cursor.execute(_RELAXED_EVENT_SQL, {"sandbox": sandbox.pk, "name": sandbox.name, "fleet": sandbox.fleet_id,
+                                                "kind": kind, "reason": reason[:4000],
+                                                "data": json.dumps(data or {}), "now": timezone.now()})
+        return
+    with relaxed_commit():
+        event_record(sandbox=sandbox, kind=kind, reason=reason, data=data)
+
+
+# set_config(..., is_local => true) lasts for this statement's own (autocommit) transaction; the `relaxed`
+# row is joined into the INSERT so that it is evaluated.
+_RELAXED_EVENT_SQL = """
+WITH relaxed AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+)
+INSERT INTO fleets_sandboxevent
+    (sandbox_id, sandbox_name, fleet_id, kind, from_state, to_state, reason, data, created_at)
+SELECT %(sandbox)s, %(name)s, %(fleet)s, %(kind)s, '', '', %(reason)s, %(data)s::jsonb, %(now)s
+FROM relaxed
+"""
+
+
 # --- templates -------------------------------------------------------------------------------------------
 
 def template_create(*, name: str, **fields: Any) -> EnvironmentTemplate:
@@ -257,11 +283,20 @@ def sandbox_transition(*, sandbox: Sandbox, to: str, expect: tuple[str, ...], re
     nothing, otherwise. Updates the instance in place and logs the transition.
 
     The UPDATE and its event commit together: the row stays locked until its event is written, so nobody
-    (a claim, say) can act on the new state before the log shows it, and the log's order is the truth's."""
+    (a claim, say) can act on the new state before the log shows it, and the log's order is the truth's. On
+    Postgres both are one statement (`_TRANSITION_SQL`), so outside a transaction a transition is one round
+    trip instead of four (BEGIN, UPDATE, INSERT, COMMIT)."""
     now = timezone.now()
     updates = dict(fields, state=to)
     if to in _PHASE_FIELD:
         updates[_PHASE_FIELD[to]] = now
+    if connection.vendor == "postgresql":
+        from_state = _transition_statement(sandbox, to, expect, where or {}, updates, reason, data, now)
+        if from_state is None:
+            return False
+        for key, value in updates.items():
+            setattr(sandbox, key, value)
+        return True
     with transaction.atomic():
         changed = Sandbox.objects.filter(pk=sandbox.pk, state__in=expect, **(where or {})).update(**updates)
         if not changed:
@@ -272,6 +307,42 @@ def sandbox_transition(*, sandbox: Sandbox, to: str, expect: tuple[str, ...], re
     for key, value in updates.items():
         setattr(sandbox, key, value)
     return True
+
+
+# One statement, one round trip (autocommit): lock the row if it is in an expected state (`{old}`, the ORM's
+# SELECT with FOR NO KEY UPDATE), move it, log the move with the state it really came from. A row another
+# process moved first fails the re-check Postgres makes once the lock is granted.
+_TRANSITION_SQL = """
+WITH old AS ({old} FOR NO KEY UPDATE), moved AS (
+    UPDATE fleets_sandbox AS s SET {assignments}
+    FROM old WHERE s.id = old.id
+    RETURNING s.id, old.state AS from_state, s.name, s.fleet_id
+), logged AS (
+    INSERT INTO fleets_sandboxevent
+        (sandbox_id, sandbox_name, fleet_id, kind, from_state, to_state, reason, data, created_at)
+    SELECT id, name, fleet_id, 'transition', from_state, %s, %s, %s::jsonb, %s
+    FROM moved
+)
+SELECT from_state FROM moved
+"""
+
+
+def _transition_statement(sandbox: Sandbox, to: str, expect: tuple[str, ...], where: dict[str, Any],
+                          updates: dict[str, Any], reason: str, data: dict | None, now: datetime) -> str | None:
+    """sandbox_transition on Postgres: the from-state, or None if the row was not in `expect`."""
+    old = Sandbox.objects.filter(pk=sandbox.pk, state__in=expect, **where).values_list("id", "state")
+    old_sql, old_params = old.query.sql_with_params()
+    assignments, set_params = [], []
+    for name, value in updates.items():
+        field = Sandbox._meta.get_field(name)
+        assignments.append(f"{connection.ops.quote_name(field.column)} = %s")
+        set_params.append(field.get_db_prep_save(value, connection))
+    sql = _TRANSITION_SQL.format(old=old_sql, assignments=", ".join(assignments))
+    params = [*old_params, *set_params, to, reason[:4000], json.dumps(data or {}), now]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return row[0] if row else None
 
 
 def sandbox_claim_warm(*, fleet: Fleet, holder: str, lease_seconds: int, started: float | None = None,
