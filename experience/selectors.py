@@ -34,6 +34,9 @@ class TimelineStep:
     record: StepRecord
     offset_ms: float | None  # from the trajectory's first step
     width_ms: float
+    # Set by the page that draws it: the place on the time axis, in percent of the run's span.
+    left_pct: float = 0.0
+    width_pct: float = 0.0
 
 
 def step_records(steps: list[Step]) -> list[StepRecord]:

@@ -245,7 +245,9 @@ def is_context_delta(value: Any) -> bool:
 
 def context_length(value: list[str] | dict[str, Any]) -> int:
     """How many messages a stored context holds, without resolving a delta."""
-    return value["keep"] + len(value["append"]) if is_context_delta(value) else len(value)
+    if isinstance(value, dict):
+        return value["keep"] + len(value["append"])
+    return len(value)
 
 
 def context_bases(refs_by_step: Mapping[int, Mapping[str, Any]]) -> set[int]:

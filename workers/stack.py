@@ -72,7 +72,7 @@ def start_demo_model(*, host: str = "127.0.0.1", port: int = 0):
 def start_embedded_stack(*, worker: bool | None = None, demo_model: bool = True, beat: bool = True,
                          proxy_port: int | None = None, concurrency: int = 2) -> EmbeddedStack:
     worker = (settings.REDIS_URL is None) if worker is None else worker
-    server, sink = start_proxy(host=settings.TROVE_PROXY_HOST,
+    server, sink = start_proxy(host=settings.TROVE_PROXY_HOST or "127.0.0.1",
                                port=settings.TROVE_PROXY_PORT if proxy_port is None else proxy_port,
                                unix_path=settings.TROVE_PROXY_SOCKET)
     settings.TROVE_PROXY_PUBLIC_URL = server.base_url  # the port may have been chosen by the OS

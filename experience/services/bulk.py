@@ -97,7 +97,7 @@ def copy_new_objects(objects: Sequence[Model]) -> None:
         return
     meta = objects[0]._meta
     fields = [f for f in meta.concrete_fields]
-    ids = next_ids(meta.db_table, meta.pk.column, len(objects))
+    ids = next_ids(meta.db_table, str(meta.pk.column), len(objects))
     for obj, pk in zip(objects, ids, strict=True):
         obj.pk = pk
         obj._state.adding = False
@@ -106,7 +106,7 @@ def copy_new_objects(objects: Sequence[Model]) -> None:
     def row(obj: Model) -> list[Any]:
         return [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
 
-    copy_rows(meta.db_table, [f.column for f in fields], (row(obj) for obj in objects))
+    copy_rows(meta.db_table, [str(f.column) for f in fields], (row(obj) for obj in objects))
 
 
 def next_ids(table: str, column: str, n: int) -> list[int]:

@@ -11,5 +11,5 @@ def cursor_page(view, request: Request, queryset, *, pagination: type[CursorPagi
                 context: dict | None = None) -> Response:
     """Serialize one cursor page of `queryset` (ordered by the pagination class) as the response."""
     paginator = pagination()
-    page = paginator.paginate_queryset(queryset, request, view=view)
+    page: list | None = paginator.paginate_queryset(queryset, request, view=view)
     return paginator.get_paginated_response(serializer(page, many=True, context=context or {}).data)

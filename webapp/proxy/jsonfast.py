@@ -17,7 +17,8 @@ import orjson
 def loads(raw: bytes | bytearray | memoryview | str) -> Any:
     """Parse JSON; raises ValueError (as `json.loads` does) when it is not JSON."""
     try:
-        return orjson.loads(raw)
+        # orjson reads memoryviews too (its stubs say otherwise).
+        return orjson.loads(raw)  # type: ignore[arg-type]
     except orjson.JSONDecodeError:
         return json.loads(raw)  # NaN, Infinity, huge integers; raises ValueError on real garbage
 

@@ -14,6 +14,7 @@ import logging
 import secrets
 from collections.abc import Callable, Iterable
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -185,7 +186,7 @@ def rollout_start(*, rollout_id: int, worker: str,
 
 
 def _claim(rollout: Rollout, attempt: int, open_trajectory: Callable[[Rollout], Trajectory] | None) -> bool:
-    claim = {"status": R.RUNNING, "worker": rollout.worker, "heartbeat_at": rollout.started_at,
+    claim: dict[str, Any] = {"status": R.RUNNING, "worker": rollout.worker, "heartbeat_at": rollout.started_at,
              "started_at": rollout.started_at, "attempt": attempt + 1}
     if open_trajectory is not None:
         rollout.trajectory, rollout.token = open_trajectory(rollout), secrets.token_urlsafe(24)
