@@ -17,10 +17,9 @@ import orjson
 def loads(raw: bytes | bytearray | memoryview | str) -> Any:
     """Parse JSON; raises ValueError (as `json.loads` does) when it is not JSON."""
     try:
-        # orjson reads memoryviews too (its stubs say otherwise).
-        return orjson.loads(raw)  # type: ignore[arg-type]
+        return orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return json.loads(raw)  # NaN, Infinity, huge integers; raises ValueError on real garbage
+        return json.loads(bytes(raw) if isinstance(raw, memoryview) else raw)  # NaN, Infinity, huge integers; raises ValueError on real garbage
 
 
 def dumps(value: Any) -> bytes:
