@@ -180,9 +180,8 @@ def sandbox_claim(*, fleet: Fleet, holder: str, lease_seconds: int = DEFAULT_LEA
     hold), or the create's own error."""
     started = time.perf_counter()
     sandbox = fleet_services.sandbox_claim_warm(fleet=fleet, holder=holder, lease_seconds=lease_seconds,
-                                                started=started, count_hit=True)
+                                                started=started, count_hit=True, count_miss=True)
     if sandbox is None:
-        fleet_services.fleet_count_claim(fleet_id=fleet.pk, hit=False)
         sandbox = _claim_after_miss(fleet, holder, lease_seconds, wait_s, started)
     return Lease(sandbox=sandbox, fencing_token=sandbox.fencing_token, holder=holder,
                  claim_ms=(time.perf_counter() - started) * 1000)

@@ -346,9 +346,10 @@ def _transition_statement(sandbox: Sandbox, to: str, expect: tuple[str, ...], wh
 
 
 def sandbox_claim_warm(*, fleet: Fleet, holder: str, lease_seconds: int, started: float | None = None,
-                       claim: str = "warm", count_hit: bool = False) -> Sandbox | None:
-    """Lease a warm sandbox, atomically, never waiting on a backend; with `count_hit`, count a warm hit on the
-    fleet in the same step. None on a miss. The fleet is not re-read: the caller's instance names it.
+                       claim: str = "warm", count_hit: bool = False, count_miss: bool = False) -> Sandbox | None:
+    """Lease a warm sandbox, atomically, never waiting on a backend; with `count_hit` (`count_miss`), count a
+    warm hit (a miss) on the fleet in the same step. None on a miss. The fleet is not re-read: the caller's
+    instance names it.
 
     SKIP LOCKED lets concurrent claimers take different rows instead of queueing behind one. NO KEY UPDATE,
     because a plain FOR UPDATE conflicts with the KEY SHARE lock every event INSERT takes on its sandbox
@@ -359,9 +360,11 @@ def sandbox_claim_warm(*, fleet: Fleet, holder: str, lease_seconds: int, started
     """
     claim_ms = round((time.perf_counter() - started) * 1000, 3) if started is not None else None
     if connection.vendor == "postgresql":
-        sandbox = _claim_warm_statement(fleet, holder, lease_seconds, claim, claim_ms, count_hit)
+        sandbox = _claim_warm_statement(fleet, holder, lease_seconds, claim, claim_ms, count_hit, count_miss)
     else:
         sandbox = _claim_warm_orm(fleet, holder, lease_seconds, claim, claim_ms, count_hit)
+        if sandbox is None and count_miss:
+            fleet_count_claim(fleet_id=fleet.pk, hit=False)
     if sandbox is not None:
         sandbox.fleet = fleet
     return sandbox
@@ -391,18 +394,24 @@ WITH picked AS (
            %(now)s
     FROM leased
 ), counted AS (
-    UPDATE fleets_fleet SET claims_hit = claims_hit + 1
-    WHERE id = %(fleet)s AND %(count_hit)s AND EXISTS (SELECT 1 FROM leased)
+    UPDATE fleets_fleet
+    SET claims_hit = claims_hit + CASE WHEN EXISTS (SELECT 1 FROM leased) THEN 1 ELSE 0 END,
+        claims_miss = claims_miss + CASE WHEN EXISTS (SELECT 1 FROM leased) THEN 0 ELSE 1 END
+    WHERE id = %(fleet)s AND CASE WHEN EXISTS (SELECT 1 FROM leased) THEN %(count_hit)s ELSE %(count_miss)s END
+), relaxed AS (
+    -- A miss writes nothing but its counter, an observation: its commit need not wait for the WAL flush.
+    SELECT set_config('synchronous_commit', 'off', true) WHERE NOT EXISTS (SELECT 1 FROM leased)
 )
-SELECT * FROM leased
+SELECT * FROM leased WHERE (SELECT count(*) FROM relaxed) >= 0
 """
 
 
 def _claim_warm_statement(fleet: Fleet, holder: str, lease_seconds: int, claim: str, claim_ms: float | None,
-                          count_hit: bool) -> Sandbox | None:
+                          count_hit: bool, count_miss: bool) -> Sandbox | None:
     now = timezone.now()
     params = {"fleet": fleet.pk, "holder": holder[:200], "expires": now + timedelta(seconds=lease_seconds),
-              "now": now, "reason": f"{claim} claim", "claim": claim, "claim_ms": claim_ms, "count_hit": count_hit}
+              "now": now, "reason": f"{claim} claim", "claim": claim, "claim_ms": claim_ms, "count_hit": count_hit,
+              "count_miss": count_miss}
     return next(iter(Sandbox.objects.raw(_CLAIM_SQL, params)), None)
 
 
@@ -425,7 +434,10 @@ def _claim_warm_orm(fleet: Fleet, holder: str, lease_seconds: int, claim: str, c
 
 def sandbox_lease_cold(*, sandbox: Sandbox, holder: str, lease_seconds: int, started: float | None = None) -> bool:
     """Lease a sandbox this caller provisioned itself after a miss: provisioning -> leased directly, so it is
-    never warm (and claimable by anyone else) in between. False if it is no longer provisioning."""
+    never warm (and claimable by anyone else) in between. False if it is no longer provisioning. On Postgres
+    the lease and its event are one statement, like a warm claim."""
+    if connection.vendor == "postgresql":
+        return _lease_cold_statement(sandbox, holder, lease_seconds, started)
     with transaction.atomic():
         locked = Sandbox.objects.select_for_update().filter(pk=sandbox.pk, state=S.PROVISIONING).first()
         if locked is None:
@@ -438,6 +450,44 @@ def sandbox_lease_cold(*, sandbox: Sandbox, holder: str, lease_seconds: int, sta
     for key in ("state", "lease_holder", "lease_expires_at", "fencing_token", "leased_at", "ready_at",
                 "last_used_at", "first_exec_at"):
         setattr(sandbox, key, getattr(locked, key))
+    return True
+
+
+_LEASE_COLD_SQL = """
+WITH leased AS (
+    UPDATE fleets_sandbox AS s
+    SET state = 'leased', lease_holder = %(holder)s, lease_expires_at = %(expires)s,
+        fencing_token = s.fencing_token + 1, leased_at = %(now)s, last_used_at = %(now)s, first_exec_at = NULL,
+        ready_at = %(now)s, endpoint = %(endpoint)s, agent_secret = %(secret)s
+    WHERE s.id = %(sandbox)s AND s.state = 'provisioning'
+    RETURNING s.*
+), logged AS (
+    INSERT INTO fleets_sandboxevent
+        (sandbox_id, sandbox_name, fleet_id, kind, from_state, to_state, reason, data, created_at)
+    SELECT id, name, fleet_id, 'transition', 'provisioning', 'leased', 'cold claim',
+           jsonb_build_object('holder', %(holder)s::text, 'fencing_token', fencing_token,
+                              'claim', 'cold', 'claim_ms', %(claim_ms)s::float8),
+           %(now)s
+    FROM leased
+)
+SELECT fencing_token FROM leased
+"""
+
+
+def _lease_cold_statement(sandbox: Sandbox, holder: str, lease_seconds: int, started: float | None) -> bool:
+    now = timezone.now()
+    claim_ms = round((time.perf_counter() - started) * 1000, 3) if started is not None else None
+    with connection.cursor() as cursor:
+        cursor.execute(_LEASE_COLD_SQL, {"sandbox": sandbox.pk, "holder": holder[:200], "now": now,
+                                         "expires": now + timedelta(seconds=lease_seconds), "claim_ms": claim_ms,
+                                         "endpoint": sandbox.endpoint, "secret": sandbox.agent_secret})
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    sandbox.state, sandbox.lease_holder, sandbox.fencing_token = S.LEASED, holder[:200], row[0]
+    sandbox.lease_expires_at = now + timedelta(seconds=lease_seconds)
+    sandbox.leased_at = sandbox.last_used_at = sandbox.ready_at = now
+    sandbox.first_exec_at = None
     return True
 
 
