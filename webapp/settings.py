@@ -97,7 +97,11 @@ def _database_from_url(url: str) -> dict:
         "HOST": parsed.hostname or "",
         "PORT": str(parsed.port or ""),
         "CONN_MAX_AGE": 60,
-        "CONN_HEALTH_CHECKS": True,
+        # No `SELECT 1` before the first query of every request and task: on the rollout path that is one
+        # more round trip per rollout. A connection that died meanwhile (a database restart) fails that one
+        # request or task, and Django then drops it; a rollout whose task failed so is re-sent (see the
+        # rollout paragraph of README).
+        "CONN_HEALTH_CHECKS": False,
         "TEST": {"NAME": env_str("TROVE_TEST_DATABASE_NAME") or None},
     }
 

@@ -25,6 +25,7 @@ commands, the release of the lease), `eval_ms` the evaluation command. The rest 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from concurrent import futures
@@ -66,6 +67,7 @@ PROXY_RECORD_WAIT_S = 15.0
 # nothing blocks for all of it, and the records usually landed already.
 INGEST_SLICE_S = 0.02
 CATCH_UP_SLICE_S, CATCH_UP_IDLE_S = 0.2, 0.2  # the catch-up thread: one drain of the stream, the pause after
+CATCH_UP_KEEP_S = 0.5  # ... and how long it keeps its connection with no rollout in a harness (between rollouts)
 # An external harness does not say how many calls it made: its calls are taken as all recorded once the
 # count has not moved for this long after it exited (the proxy queues a call's record as soon as it has sent
 # the answer, so what is left to cover is the record's way to the store: the sink's batching, the stream).
@@ -114,28 +116,56 @@ class Clock:
 class RecordCatchUp:
     """Full stack: stores the proxy's records waiting in its Redis stream, on a thread, while the harness
     runs. Beat's ingest task queues behind the rollouts of a busy job; without this a call would reach the
-    store only when some rollout finished. Whatever it stores is any rollout's: the stream is shared."""
+    store only when some rollout finished. Whatever it stores is any rollout's: the stream is shared.
+
+    One thread per process, kept across rollouts with its database connection: it drains while at least one
+    rollout is in its harness and waits otherwise, closing the connection once no rollout has run for
+    CATCH_UP_KEEP_S. (A thread per rollout opened a new Postgres connection for every rollout, a few ms of
+    the server's time each on a busy box.)"""
+
+    _lock = threading.Lock()
+    _running = 0  # rollouts of this process in their harness
+    _wanted = threading.Event()  # set while _running > 0
+    _owner_pid = 0  # the process that started the thread: a forked child starts its own
 
     def __init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="record-catch-up", daemon=True)
+        self._entered = False
 
     def __enter__(self) -> RecordCatchUp:
         if settings.REDIS_URL:
-            self._thread.start()
+            cls = type(self)
+            with cls._lock:
+                cls._running += 1
+                cls._wanted.set()
+                if cls._owner_pid != os.getpid():
+                    cls._owner_pid = os.getpid()
+                    threading.Thread(target=cls._run, name="record-catch-up", daemon=True).start()
+            self._entered = True
         return self
 
     def __exit__(self, *exc) -> None:
-        # Not joined: a drain under way finishes on its own (within a slice) while the evaluation runs.
-        self._stop.set()
+        # Not waited for: a drain under way finishes on its own (within a slice) while the evaluation runs.
+        if self._entered:
+            cls = type(self)
+            with cls._lock:
+                cls._running -= 1
+                if cls._running == 0:
+                    cls._wanted.clear()
 
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                if not ingest_pending_records(CATCH_UP_SLICE_S):
-                    self._stop.wait(CATCH_UP_IDLE_S)
-        finally:
-            connection.close()
+    @classmethod
+    def _run(cls) -> None:
+        while True:
+            if not cls._wanted.wait(CATCH_UP_KEEP_S):
+                connection.close()  # the process has stopped running rollouts for now: hold nothing idle
+                cls._wanted.wait()
+            try:
+                drained = ingest_pending_records(CATCH_UP_SLICE_S)
+            except Exception:  # noqa: BLE001 (the thread outlives any one failure; the next drain retries)
+                log.exception("record catch-up failed")
+                connection.close_if_unusable_or_obsolete()  # a broken connection is replaced on the next use
+                drained = 0
+            if not drained:
+                time.sleep(CATCH_UP_IDLE_S)
 
 
 class Heartbeat:

@@ -122,3 +122,19 @@ def test_in_autocommit_an_exec_under_a_superseded_lease_is_still_refused_before_
     _, release = counted(fleet_ops.sandbox_release, new)
     assert len(release.sent) == 3 and release.in_transactions == []  # released, the reuse facts, warm again
     assert Sandbox.objects.get(pk=new.sandbox.pk).state == S.WARM
+
+
+def test_a_cold_claim_counts_its_miss_and_leases_in_a_fixed_number_of_round_trips(pool_backend):  # noqa: F811
+    fleet = make_fleet()  # nothing warm: the cold policy creates one on demand
+
+    lease, claim = counted(fleet_ops.sandbox_claim, fleet=fleet, holder="rollout:1")
+
+    # The claim that misses and counts it; the fleet's policy re-read; the request (the fleet row locked,
+    # capacity counted, the row, its name, its event: one transaction, so the count holds); provisioning;
+    # the lease with its event.
+    assert len(claim.sent) == 9
+    assert claim.in_transactions == ["SELECT", "SELECT", "INSERT", "UPDATE", "INSERT"]
+    fleet.refresh_from_db()
+    assert (fleet.claims_hit, fleet.claims_miss) == (0, 1)
+    assert transitions_of(lease.sandbox) == [S.REQUESTED, S.PROVISIONING, S.LEASED]
+    fleet_ops.sandbox_release(lease)
