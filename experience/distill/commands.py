@@ -15,10 +15,11 @@ import functools
 import json
 import posixpath
 import re
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from experience.distill import shell
 
 PATCH = "<patch>"  # a write whose files are inside a patch (`git apply`, `patch`): paths unknown
 
@@ -229,13 +230,8 @@ def _shell_intent(command: str) -> CommandIntent:
 
 
 def _split_words(text: str) -> list[str]:
-    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
-    lexer.whitespace_split = True
-    try:
-        return list(lexer)
-    except ValueError:
-        # Unbalanced quotes (a truncated command): plain words still find most runners and paths.
-        return text.split()
+    # shlex's words, without shlex for the usual command (see `shell`).
+    return shell.split_words(text)
 
 
 def _strip_heredocs(command: str) -> str:
