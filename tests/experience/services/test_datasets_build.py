@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from experience.distill.errors import EmptyDatasetError
-from experience.distill.rubric import LABELS, RUBRIC_VERSION
+from experience.distill.rubric import LABELS, RUBRIC_VERSION, per_step_labels
 from experience.distill.spec import DatasetSpec
 from experience.errors import Conflict, ValidationError
 from experience.models import DatasetVersion, Label, Trajectory
@@ -320,6 +320,27 @@ def test_a_build_writes_the_rubric_labels_once_with_their_version():
         labels.get(name="edited_only_tests").value is False
         and labels.get(name="edited_only_tests").step is None
     )
+
+
+def test_each_rubric_label_names_the_step_after_which_it_last_changed():
+    store_run("task-a")
+    store_run("task-a", good=False)
+    store_run("task-b")
+
+    build()
+
+    for run in dataset_source.source_runs(DatasetSpec(kind="value")):
+        per_step = per_step_labels(run.record)
+        stored = {label.name: label for label in Label.objects.filter(trajectory_id=run.row_id)}
+        assert set(stored) == set(LABELS)
+        for name, label in stored.items():
+            values = [False] + [labels[name] for labels in per_step]  # before step 0, then after each
+            last_change = max((i for i in range(1, len(values)) if values[i] != values[i - 1]), default=None)
+            expected_step = run.step_ids[last_change - 1] if last_change is not None else None
+            assert (label.value, label.step_id) == (per_step[-1][name], expected_step), name
+            assert (
+                label.source == "rubric" and label.version == RUBRIC_VERSION and label.created_at is not None
+            )
 
 
 def test_a_finished_version_is_not_built_again_and_a_held_build_is_left_alone():
