@@ -537,10 +537,20 @@ _EDIT_REJECTED = re.compile(
 _FILE_HEADER = re.compile(r"^\[File: (?P<path>.+?) \(\d+ lines total\)\]", re.M)
 
 
+# Every match of _FAILURE_MARKERS holds one of these: substring tests (fast C scans) rule out most
+# outputs before the expression, whose many alternatives are tried at every position of a long output.
+_FAILURE_HINTS = (
+    "Traceback", " failed", " error", "FAIL", "ERROR:", "Error: ", "Exception: ", "npm ERR!",
+    "command not found", "No such file or directory",
+)  # fmt: skip
+
+
 def output_shows_failure(output: str | None) -> bool:
     """Whether output carries a failure marker: a traceback, a failing test summary, "command not
     found", a missing file."""
-    return bool(output) and _FAILURE_MARKERS.search(output or "") is not None
+    if not output or not any(hint in output for hint in _FAILURE_HINTS):
+        return False
+    return _FAILURE_MARKERS.search(output) is not None
 
 
 def verdict(*, output: str | None, exit_code: int | None, piped: bool) -> bool | None:

@@ -1,9 +1,11 @@
 import pytest
 
+from experience.distill import commands
 from experience.distill.commands import (
     PATCH,
     FileWrite,
     edit_rejected,
+    output_shows_failure,
     parse_command,
     parse_tool_call,
     path_role,
@@ -138,3 +140,32 @@ def test_a_command_is_parsed_once_and_its_intent_reused():
 
     assert parse_command("pytest tests/test_cache_once.py -q && sed -i 's/a/b/' src/once.py") is first
     assert first.writes == (FileWrite("src/once.py"),) and first.tests[0].runner == "pytest"
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        "",
+        "4 passed in 0.12s",
+        "1 failed, 3 passed in 0.2s",
+        "0 failed",
+        "2 errors in 1s",
+        "Traceback (most recent call last):\n  File 'a.py'",
+        "FAILED tests/test_a.py::test_b - assert 1 == 2",
+        "FAIL: test_b (tests.test_a.T)",
+        "ERROR: test_c (tests.test_a.T)",
+        "  ValueError: bad value",
+        "ValueError: bad value",
+        "--- FAIL: TestA (0.00s)",
+        "test result: FAILED. 1 passed; 1 failed",
+        "npm ERR! code 1",
+        "bash: foo: command not found",
+        "cat: x.py: No such file or directory",
+        "an error occurred",
+        "Error handling is fine",
+        "ok\n" * 500 + "1 failed",
+    ],
+)
+def test_output_shows_failure_is_the_failure_markers_expression(output):
+    # The substring hints that skip the expression never skip a match.
+    assert output_shows_failure(output) is (commands._FAILURE_MARKERS.search(output) is not None)
