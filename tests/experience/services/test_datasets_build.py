@@ -17,7 +17,9 @@ from experience.distill.rubric import LABELS, RUBRIC_VERSION, per_step_labels
 from experience.distill.spec import DatasetSpec
 from experience.errors import Conflict, ValidationError
 from experience.models import DatasetVersion, Label, Trajectory
+from experience.records import MessageRecord, StepRecord
 from experience.services import dataset_source, datasets
+from experience.services.ingest import trajectory_ingest
 from tests.experience.services.dataset_store import run_record, store_run, store_tasks
 
 pytestmark = pytest.mark.django_db
@@ -290,6 +292,30 @@ def test_the_read_path_rebuilds_each_run_exactly_as_it_was_ingested():
     assert run.record.steps == record.steps
     assert run.record.instruction == record.instruction and run.record.metadata == {"seed": 3}
     assert list(run.step_ids) == list(trajectory.steps.order_by("seq").values_list("id", flat=True))
+
+
+def test_the_read_path_rebuilds_every_kind_of_stored_step_field_exactly():
+    record = run_record("task-a")
+    record.steps += [
+        StepRecord(
+            kind="command", text="thinking", command="pytest -x", output="x" * 5000, exit_code=1,
+            duration_ms=12.5, payload={"cwd": "/repo", "nested": {"a": [1, 2]}},
+        ),  # the output in a blob, extra payload fields inline
+        StepRecord(
+            kind="model_call", request_messages=[MessageRecord("user", "hi")], response_text="r" * 3000,
+            response_json={"id": "c1", "choices": []}, model="policy-b", latency_ms=80.0, ttft_ms=20.0,
+            tool_calls=[{"id": "t1", "function": {"name": "bash", "arguments": "{}"}}], call_id="call-1",
+            tokens_in=5, tokens_out=7,
+        ),
+        StepRecord(kind="command", command="echo", output="", is_error=True),  # an empty output is kept
+        StepRecord(kind="observation", text="nul \x00 byte"),  # Postgres cannot hold it: a payload blob
+    ]  # fmt: skip
+    trajectory, _ = trajectory_ingest(record=record)
+
+    (run,) = list(dataset_source.source_runs(DatasetSpec(kind="value")))
+
+    assert run.row_id == trajectory.pk
+    assert run.record.steps == record.steps
 
 
 def test_runs_come_ordered_by_task_then_id_across_batches(monkeypatch):
