@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import multiprocessing
@@ -442,6 +443,29 @@ def test_outside_a_transaction_the_next_batch_is_fetched_ahead_on_its_own_connec
     assert len(ahead) == 11 and ahead == in_line
     assert any(name.startswith("dataset-fetch") for name in fetch_threads)
     assert threading.current_thread().name in fetch_threads, "the in-line pass fetched on this thread"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_reader_process_collects_garbage_rarely_and_leaves_the_builders_collector_alone(
+    monkeypatch, tmp_path
+):
+    store_tasks(TASKS[:1], good=1, bad=1)
+    seen = tmp_path / "reader-gc"
+    real_batches = datasets._labelled_batches
+
+    def watched(spec, progress):
+        seen.write_text(f"{os.getpid()} {gc.get_threshold()[0]} {gc.get_freeze_count()}")
+        yield from real_batches(spec, progress)
+
+    monkeypatch.setattr(datasets, "_labelled_batches", watched)
+    threshold = gc.get_threshold()
+
+    assert build(name="gc").status == "ready"
+
+    pid, reader_threshold, frozen = map(int, seen.read_text().split())
+    assert pid != os.getpid()
+    assert reader_threshold == datasets.READER_GC_THRESHOLD and frozen > 0  # the inherited heap is frozen
+    assert gc.get_threshold() == threshold
 
 
 @pytest.mark.django_db(transaction=True)
