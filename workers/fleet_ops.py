@@ -4,9 +4,11 @@ terminate.
 The database side of every transition is in `webapp.fleets.services`; this module sequences backend calls
 around it. A backend call never happens inside a database transaction (they can take seconds).
 
-The claim path is the hot one (a rollout waits on it): a warm claim is one transaction (SELECT ... FOR
-UPDATE SKIP LOCKED, UPDATE, INSERT of the lease event) plus one counter UPDATE, and never touches the
-backend; the first exec costs one fencing UPDATE before the agent call and one event INSERT after it.
+The claim path is the hot one (a rollout waits on it). On Postgres, outside a transaction, each step is as
+few round trips as its guarantees allow: a warm claim (or a counted miss) is one statement and never touches
+the backend; an exec is the fence check before the agent call and one statement logging it after; every
+transition is one statement with its event; a single-use release is four (released, the reuse facts,
+terminating, terminated after the destroy). `tests/workers/test_fleet_round_trips.py` holds the budgets.
 """
 
 from __future__ import annotations

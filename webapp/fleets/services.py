@@ -290,7 +290,8 @@ def sandbox_transition(*, sandbox: Sandbox, to: str, expect: tuple[str, ...], re
     updates = dict(fields, state=to)
     if to in _PHASE_FIELD:
         updates[_PHASE_FIELD[to]] = now
-    if connection.vendor == "postgresql":
+    plain = not any(hasattr(value, "resolve_expression") for value in updates.values())  # no F() and such
+    if connection.vendor == "postgresql" and plain:
         from_state = _transition_statement(sandbox, to, expect, where or {}, updates, reason, data, now)
         if from_state is None:
             return False
