@@ -445,6 +445,22 @@ def test_outside_a_transaction_the_next_batch_is_fetched_ahead_on_its_own_connec
     assert threading.current_thread().name in fetch_threads, "the in-line pass fetched on this thread"
 
 
+def test_the_collector_is_paused_while_any_build_unpickles_and_restored_after_the_last():
+    assert gc.isenabled()
+    with datasets._collector_paused():
+        with datasets._collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled(), "another build is still unpickling"
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with datasets._collector_paused():
+            pass
+        assert not gc.isenabled(), "a collector someone else disabled stays disabled"
+    finally:
+        gc.enable()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_reader_process_collects_garbage_rarely_and_leaves_the_builders_collector_alone(
     monkeypatch, tmp_path
