@@ -387,25 +387,7 @@ def _row_checker(schema: pa.Schema) -> Callable[[Row], int]:
     known = set(schema.names)
     nested = [(f.name, _checker(f.type, f"row.{f.name}")) for f in schema if _has_struct(f.type)]
     nested = [(name, check) for name, check in nested if not pa.types.is_list(schema.field(name).type)]
-
-    def check_row(row: Row) -> int:
-        if not isinstance(row, Mapping):
-            raise RowShapeError(f"row: expected an object, got {type(row).__name__}")
-        if not known.issuperset(row):
-            raise RowShapeError(
-                f"row: fields the schema does not declare: {', '.join(sorted(set(row) - known))}"
-            )
-        size = 8 * len(row)
-        for value in row.values():
-            if type(value) is str:
-                size += len(value)
-        for name, check in nested:
-            value = row.get(name)
-            if value is not None:
-                size += check(value)
-        return size
-
-    return check_row
+    return _object_checker(known, nested, "row")
 
 
 def _has_struct(type_: pa.DataType) -> bool:
@@ -423,6 +405,14 @@ def _checker(type_: pa.DataType, where: str) -> Callable[[Any], int]:
         for i in range(type_.num_fields)
         if _has_struct(type_.field(i).type)
     ]
+
+    return _object_checker(known, nested, where)
+
+
+def _object_checker(
+    known: set[str], nested: list[tuple[str, Callable[[Any], int]]], where: str
+) -> Callable[[Any], int]:
+    """Checks an object's fields (and its nested structs) and returns its approximate text size."""
 
     def check(value: Any) -> int:
         if not isinstance(value, Mapping):
