@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import F, Value
+from django.db.models import F, Field, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -336,7 +336,8 @@ def _transition_statement(sandbox: Sandbox, to: str, expect: tuple[str, ...], wh
     assignments, set_params = [], []
     for name, value in updates.items():
         field = Sandbox._meta.get_field(name)
-        assignments.append(f"{connection.ops.quote_name(field.column)} = %s")
+        assert isinstance(field, Field), f"{name} is not a column of Sandbox"
+        assignments.append(f"{connection.ops.quote_name(str(field.column))} = %s")
         set_params.append(field.get_db_prep_save(value, connection))
     sql = _TRANSITION_SQL.format(old=old_sql, assignments=", ".join(assignments))
     params = [*old_params, *set_params, to, reason[:4000], json.dumps(data or {}), now]
