@@ -295,3 +295,27 @@ def test_a_batch_cut_off_mid_send_is_spooled_whole_and_each_call_is_stored_once(
     assert broken.spooled == 5 and drained.sent == 5
     assert report["records"] == 7, "two delivered twice: at least once"
     assert report["stored"] == 5 and call_ids(rollout) == made, "each call stored once, in order"
+
+
+def test_calls_a_killed_runner_had_read_are_taken_over_and_stored(stack_proxy, rollout, full_stack, monkeypatch):
+    """A runner drains the stream while its harness runs; killed between reading entries and storing them,
+    it leaves them pending under its name. Another consumer takes them over once they have been pending for
+    PENDING_TAKEOVER_MS, and each call is stored once."""
+    from webapp.proxy import wiring
+
+    server, sink = stack_proxy
+    made = [new_call_id() for _ in range(3)]
+    for call_id in made:
+        assert chat(server, rollout.token, call_id=call_id).status == 200
+    assert sink.flush(10)
+    full_stack.xgroup_create(proxy_stream(), INGEST_GROUP, id="0", mkstream=True)
+    full_stack.xreadgroup(INGEST_GROUP, "runner:killed", {proxy_stream(): ">"})  # read, never acknowledged
+
+    assert ingest_pending_records(0.3) == 0, "pending under a consumer that may still be alive: left to it"
+    assert call_ids(rollout) == []
+
+    monkeypatch.setattr(wiring, "PENDING_TAKEOVER_MS", 200)
+    time.sleep(0.3)
+    assert ingest_pending_records(1.0) == 3
+    assert call_ids(rollout) == made
+    assert full_stack.xpending(proxy_stream(), INGEST_GROUP)["pending"] == 0

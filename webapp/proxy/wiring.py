@@ -102,12 +102,19 @@ def ingest_pending_records(timeout_s: float) -> int:
         return 0
 
 
+# Entries a consumer read but has not acknowledged for this long are taken over by another consumer: the
+# reader died (a worker killed mid-drain: rollout runners drain the stream while their harnesses run) or is
+# stuck. Short, because writes are idempotent by call id: taking over from a consumer that was only slow
+# costs a repeated write, never a duplicate step, while waiting longer delays a dead worker's calls.
+PENDING_TAKEOVER_MS = 15_000
+
+
 def ingest_stream(*, consumer: str, max_seconds: float, block_ms: int = 1000) -> dict[str, int]:
     """Consume this Trove's stream into the store until a read finds nothing (within `block_ms`) or
     `max_seconds` have passed; then drop the consumer's name from the group if it holds nothing.
 
     Several may run at once (a consumer group shares the entries out). A batch that fails transiently stays
-    pending under `consumer` and is taken over by another consumer once idle for a minute. Returns counts:
+    pending under `consumer` and is taken over by another consumer once idle for PENDING_TAKEOVER_MS. Returns counts:
     `records` handed to the writer, `stored` steps created, `dead_lettered` records set aside.
     """
     if not settings.REDIS_URL:
@@ -120,7 +127,8 @@ def ingest_stream(*, consumer: str, max_seconds: float, block_ms: int = 1000) ->
         outcome.add(write_call_records(records, dead_letter=dead_letter))
 
     records = consume_stream(client, write, group=INGEST_GROUP, consumer=consumer, stream=stream, until_idle=True,
-                             max_seconds=max_seconds, block_ms=block_ms, claim_idle_ms=60_000, retry_backoff_s=0.5)
+                             max_seconds=max_seconds, block_ms=block_ms, claim_idle_ms=PENDING_TAKEOVER_MS,
+                             retry_backoff_s=0.5)
     _forget_consumer(client, stream, consumer)
     return {"records": records, "stored": outcome.stored, "dead_lettered": outcome.dead_lettered}
 
