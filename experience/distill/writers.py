@@ -415,12 +415,7 @@ def _object_checker(
     """Checks an object's fields (and its nested structs) and returns its approximate text size."""
 
     def check(value: Any) -> int:
-        if not isinstance(value, Mapping):
-            raise RowShapeError(f"{where}: expected an object, got {type(value).__name__}")
-        if not known.issuperset(value):
-            raise RowShapeError(
-                f"{where}: fields the schema does not declare: {', '.join(sorted(set(value) - known))}"
-            )
+        _check_object(value, known, where)
         size = 8 * len(value)
         for element in value.values():
             if type(element) is str:
@@ -475,15 +470,19 @@ def _struct_converter(type_: pa.StructType, where: str) -> Converter:
     def convert_struct(value: Any, size: list[int]) -> Any:
         if value is None:
             return None
-        if not isinstance(value, Mapping):
-            raise RowShapeError(f"{where}: expected an object, got {type(value).__name__}")
-        if not known.issuperset(value):
-            unknown = ", ".join(sorted(set(value) - known))
-            raise RowShapeError(f"{where}: fields the schema does not declare: {unknown}")
+        _check_object(value, known, where)
         size[0] += 8
         return {name: convert(value.get(name), size) for name, convert in fields}
 
     return convert_struct
+
+
+def _check_object(value: Any, known: set[str], where: str) -> None:
+    if not isinstance(value, Mapping):
+        raise RowShapeError(f"{where}: expected an object, got {type(value).__name__}")
+    if not known.issuperset(value):
+        unknown = ", ".join(sorted(set(value) - known))
+        raise RowShapeError(f"{where}: fields the schema does not declare: {unknown}")
 
 
 def _flat_struct_converter(known: set[str], where: str) -> Converter:
@@ -494,11 +493,7 @@ def _flat_struct_converter(known: set[str], where: str) -> Converter:
     def convert_flat(value: Any, size: list[int]) -> Any:
         if value is None:
             return None
-        if not isinstance(value, Mapping):
-            raise RowShapeError(f"{where}: expected an object, got {type(value).__name__}")
-        if not known.issuperset(value):
-            unknown = ", ".join(sorted(set(value) - known))
-            raise RowShapeError(f"{where}: fields the schema does not declare: {unknown}")
+        _check_object(value, known, where)
         size[0] += fixed_size
         return value
 
