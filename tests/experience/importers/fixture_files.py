@@ -8,10 +8,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-FIXTURES = Path(
-    os.environ.get("TROVE_FIXTURES_DIR")
-    or Path(__file__).resolve().parents[3] / ".." / "shared" / "fixtures" / "trajectories"
-)
+
+def _fixtures_dir() -> Path:
+    """TROVE_FIXTURES_DIR, else the shared folder beside the checkout, else its usual place (a checkout
+    cloned somewhere else, as CI may, still finds it)."""
+    if os.environ.get("TROVE_FIXTURES_DIR"):
+        return Path(os.environ["TROVE_FIXTURES_DIR"])
+    beside = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "trajectories"
+    return beside if beside.is_dir() else Path("/work/shared/fixtures/trajectories")
+
+
+FIXTURES = _fixtures_dir()
 SAMPLES = Path(__file__).resolve().parent / "samples"
 
 SWE_AGENT = FIXTURES / "swe-agent"
