@@ -287,13 +287,16 @@ def trajectory_open(*, record: TrajectoryRecord, exclusive: bool = False) -> Tra
     IntegrityError instead (failing the caller's transaction), for a caller to whom it means the work is
     someone else's (a rollout attempt's claim); then it is the INSERT alone."""
     validate_trajectory(record)
-    if exclusive:
+
+    def insert() -> Trajectory:
         return Trajectory.objects.create(source=record.source, source_ref=record.source_ref,
                                          **_trajectory_fields(record))
+
+    if exclusive:
+        return insert()
     try:
         with transaction.atomic():
-            return Trajectory.objects.create(source=record.source, source_ref=record.source_ref,
-                                             **_trajectory_fields(record))
+            return insert()
     except IntegrityError:
         return Trajectory.objects.get(source=record.source, source_ref=record.source_ref)
 
