@@ -311,12 +311,18 @@ def refs_with_full_contexts(step_ids: Sequence[int], refs: Sequence[dict[str, An
 
 
 def step_record_from_parts(
-    *, kind: str, payload: dict[str, Any], blob_refs: dict[str, Any], blobs: dict[str, bytes], **columns: Any
+    *, kind: str, payload: dict[str, Any], blob_refs: dict[str, Any], blobs: dict[str, bytes],
+    messages: Mapping[str, MessageRecord] | None = None, own_payload: bool = False, **columns: Any
 ) -> StepRecord:
-    """The inverse of prepare_step: rebuild a StepRecord from a row's fields and its fetched blobs."""
+    """The inverse of prepare_step: rebuild a StepRecord from a row's fields and its fetched blobs.
+
+    `messages`: context messages by digest, shared by the caller's rows (else parsed from `blobs` here).
+    `own_payload`: the payload dict is the caller's to consume (fresh from a parser), so its fields are taken
+    from it in place instead of from a copy."""
     if PAYLOAD_BLOB in blob_refs:
         payload = json.loads(blobs[blob_refs[PAYLOAD_BLOB]])
-    payload = dict(payload)
+    elif not own_payload:
+        payload = dict(payload)
     texts = {name: payload.pop(name, None) for name in TEXT_FIELDS}
     for name in TEXT_FIELDS:
         if name in blob_refs:
@@ -325,7 +331,9 @@ def step_record_from_parts(
     if CONTEXT in blob_refs:
         if is_context_delta(blob_refs[CONTEXT]):
             raise ValueError("a context stored as a delta: resolve it first (full_contexts, stored.step_contexts)")
-        request_messages = [MessageRecord(**json.loads(blobs[h])) for h in blob_refs[CONTEXT]]
+        digests = blob_refs[CONTEXT]
+        request_messages = ([messages[h] for h in digests] if messages is not None
+                            else [MessageRecord(**json.loads(blobs[h])) for h in digests])
     response_json = json.loads(blobs[blob_refs["response_json"]]) if "response_json" in blob_refs else None
     named = {name: payload.pop(name, None) for name in NAMED_FIELDS}
     return StepRecord(

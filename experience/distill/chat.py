@@ -176,6 +176,11 @@ def message_chars(message: Message) -> int:
     return chars
 
 
+def extends(items: list[Any] | tuple[Any, ...], previous: tuple[Any, ...]) -> bool:
+    """Whether `items` starts with the very objects of `previous` (non-empty), compared by identity."""
+    return 0 < len(previous) <= len(items) and all(map(operator.is_, items, previous))
+
+
 class MessageFacts:
     """What truncation reads of each message (its characters, whether it holds the task), worked out once
     per message object rather than once per context holding it: a run's contexts share their messages
@@ -191,7 +196,7 @@ class MessageFacts:
         """(characters, role) of each message; a context that starts with the previous one (a run's
         growing context) reuses its profile."""
         previous, chars, roles = self._last
-        if 0 < len(previous) <= len(messages) and all(map(operator.is_, messages, previous)):
+        if extends(messages, previous):
             added = messages[len(previous) :]
             chars = chars + [self.chars(m) for m in added]
             roles = roles + [m.get("role") for m in added]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import operator
 import os
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,6 +33,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from experience.distill.chat import extends
 from experience.distill.errors import RowShapeError
 
 Row = Mapping[str, Any]
@@ -56,11 +56,6 @@ class WriteResult:
 def encode_row(row: Row) -> bytes:
     """A row's canonical JSON as UTF-8 bytes: sorted keys, compact, non-ASCII kept as is."""
     return orjson.dumps(row, option=_SORTED)
-
-
-def dumps_row(row: Row) -> str:
-    """`encode_row` as text."""
-    return encode_row(row).decode("utf-8")
 
 
 def _is_message_list(value: Any) -> bool:
@@ -109,11 +104,6 @@ class RowEncoder:
         encoded = memoryview(orjson.dumps(message, option=_SORTED)).tobytes()
         self._fragments[id(message)] = (message, encoded)
         return encoded
-
-
-def extends(items: list[Any] | tuple[Any, ...], previous: tuple[Any, ...]) -> bool:
-    """Whether `items` starts with the very objects of `previous` (non-empty), compared by identity."""
-    return 0 < len(previous) <= len(items) and all(map(operator.is_, items, previous))
 
 
 class JsonlGzWriter:
@@ -217,15 +207,14 @@ class ParquetRowWriter:
         self._check = _row_checker(schema) if schema is not None else None
 
     def write(self, row: Row) -> None:
+        self._batch.append(dict(row))
         if self._check is not None:
             # Checked now, converted (only if pyarrow refuses it as it is) a row group at a time.
             size = [self._check(row)]
-            self._batch.append(dict(row))
             for name, column in self._lists.items():
                 column.add(row.get(name), size)
             self._batch_bytes += size[0]
         else:
-            self._batch.append(dict(row))
             self._batch_bytes += approximate_size(row)
         self.rows += 1
         if len(self._batch) >= self._row_group_rows or self._batch_bytes >= self._max_batch_bytes:
@@ -277,11 +266,11 @@ class ParquetRowWriter:
     def _rest_table(self) -> pa.Table:
         """The group's columns but the item lists: the rows as they are when pyarrow takes them (the
         usual case), else fitted to the schema first (JSON values in text fields)."""
-        if self._convert is None:
-            return pa.Table.from_pylist(self._batch, schema=self._rest_schema)
         try:
             return pa.Table.from_pylist(self._batch, schema=self._rest_schema)
         except (pa.ArrowTypeError, pa.ArrowInvalid):
+            if self._convert is None:
+                raise
             rests = ({k: v for k, v in row.items() if k not in self._lists} for row in self._batch)
             return pa.Table.from_pylist(
                 [self._convert(rest, [0]) for rest in rests], schema=self._rest_schema
@@ -385,8 +374,8 @@ def _row_checker(schema: pa.Schema) -> Callable[[Row], int]:
     any depth) that returns the row's approximate text size: what `_compile`'s converters check, without
     building a converted copy of the row."""
     known = set(schema.names)
-    nested = [(f.name, _checker(f.type, f"row.{f.name}")) for f in schema if _has_struct(f.type)]
-    nested = [(name, check) for name, check in nested if not pa.types.is_list(schema.field(name).type)]
+    # Lists of structs are checked as their item columns are built (_ItemListColumn).
+    nested = [(f.name, _checker(f.type, f"row.{f.name}")) for f in schema if pa.types.is_struct(f.type)]
     return _object_checker(known, nested, "row")
 
 

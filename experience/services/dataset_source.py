@@ -42,8 +42,6 @@ from experience.errors import ValidationError
 from experience.models import Blob, Step, Trajectory
 from experience.records import MessageRecord, StepRecord, TrajectoryRecord
 from experience.steps import (
-    PAYLOAD_BLOB,
-    decode_text,
     referenced_hashes,
     refs_with_full_contexts,
     step_record_from_parts,
@@ -60,7 +58,6 @@ RUN_BATCH = 500
 STEP_BATCH = 5000
 BLOB_QUERY = 5000  # hashes per blob query
 SQLITE_BLOB_QUERY = 500  # SQLite caps the parameters of one statement
-REQUEST_MESSAGES = "request_messages"  # the blob_refs key of a model call's context (experience.steps)
 PROGRESS_EVERY_S = 2.0
 PREFETCH = True  # fetch the next batch on a second connection while this one is rebuilt (see _Fetcher)
 
@@ -405,49 +402,13 @@ class _MessageCache(dict):
 def _step_record(
     row: tuple, refs: dict[str, Any], blobs: dict[str, bytes], messages: _MessageCache
 ) -> StepRecord:
-    """A StepRecord from a `_STEPS_SQL` row, as `experience.steps.step_record_from_parts` rebuilds it,
-    except that context messages come from the batch's shared cache.
-
-    Built here in one call for the usual row (payload inline, texts inline or in blobs): the payload
-    dict is this row's own, fresh from the parser, so its fields are popped from it in place rather than
-    from a copy, and no intermediate dicts are made. A payload held in a blob takes the general path."""
-    context = refs.get(REQUEST_MESSAGES)
-    if PAYLOAD_BLOB in refs:
-        return _step_record_in_general(row, refs, blobs, messages, context)
-    payload = _loads(row[12])
-    pop = payload.pop
-    text, output, response_text = pop("text", None), pop("output", None), pop("response_text", None)
-    if "text" in refs:
-        text = decode_text(blobs[refs["text"]])
-    if "output" in refs:
-        output = decode_text(blobs[refs["output"]])
-    if "response_text" in refs:
-        response_text = decode_text(blobs[refs["response_text"]])
-    return StepRecord(
-        kind=row[3], started_at=_moment(row[4]), ended_at=_moment(row[5]), duration_ms=row[6],
-        text=text or "", command=pop("command", None), output=output, exit_code=row[9],
-        request_messages=list(map(messages.__getitem__, context)) if context is not None else None,
-        response_text=response_text,
-        response_json=json.loads(blobs[refs["response_json"]]) if "response_json" in refs else None,
-        tool_calls=pop("tool_calls", None), model=pop("model", None), tokens_in=row[7], tokens_out=row[8],
-        latency_ms=pop("latency_ms", None), ttft_ms=pop("ttft_ms", None), call_id=row[11], is_error=row[10],
-        payload=payload,
-    )  # fmt: skip
-
-
-def _step_record_in_general(
-    row: tuple, refs: dict[str, Any], blobs: dict[str, bytes], messages: _MessageCache, context: Any
-) -> StepRecord:
-    if context is not None:
-        refs = {name: value for name, value in refs.items() if name != REQUEST_MESSAGES}
-    record = step_record_from_parts(
-        kind=row[3], payload=_loads(row[12]), blob_refs=refs, blobs=blobs,
+    """A StepRecord from a `_STEPS_SQL` row, its context messages from the batch's shared cache; the payload,
+    fresh from the parser, is the record's own."""
+    return step_record_from_parts(
+        kind=row[3], payload=_loads(row[12]), blob_refs=refs, blobs=blobs, messages=messages, own_payload=True,
         started_at=_moment(row[4]), ended_at=_moment(row[5]), duration_ms=row[6], tokens_in=row[7],
         tokens_out=row[8], exit_code=row[9], is_error=row[10], call_id=row[11],
     )  # fmt: skip
-    if context is not None:
-        record.request_messages = list(map(messages.__getitem__, context))
-    return record
 
 
 def _loads(text: str | bytes) -> Any:
