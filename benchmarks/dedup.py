@@ -327,7 +327,7 @@ def index_figures(
 def tombstone_figures(
     index: VectorIndex, ids: np.ndarray, vectors: np.ndarray, queries: np.ndarray, threshold: float
 ) -> dict[str, Any]:
-    """Every tenth id removed (tombstones in the graph, filtered at query time), then p50 and recall
+    """Every tenth id removed (tombstoned positions, filtered at query time), then p50 and recall
     against brute force over the ids left; the ids are put back afterwards. No removed id may come back."""
     gone = ids[::10]
     kept = np.ones(len(ids), dtype=bool)

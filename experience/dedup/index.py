@@ -320,7 +320,7 @@ class _Scan:
         """Tombstone the live positions of these ids; returns how many."""
         if not len(ids) or not self.live:
             return 0
-        found = np.flatnonzero(self.alive & np.isin(self.labels, ids))
+        found = self._live_positions(ids)
         self.alive[found] = False
         self.live -= len(found)
         return len(found)
@@ -348,8 +348,11 @@ class _Scan:
 
     def _positions(self, ids: np.ndarray) -> dict[int, int]:
         """id → position, for the live ones among `ids`."""
-        found = np.flatnonzero(self.alive & np.isin(self.labels, ids))
+        found = self._live_positions(ids)
         return dict(zip(self.labels[found].tolist(), found.tolist(), strict=True))
+
+    def _live_positions(self, ids: np.ndarray) -> np.ndarray:
+        return np.flatnonzero(self.alive & np.isin(self.labels, ids))
 
     def _stored(self) -> np.ndarray:
         """The float vectors by position: a view of FAISS's buffer, valid until the next append."""
@@ -429,22 +432,19 @@ def recall_at_k(
     truth_scores: np.ndarray,
     *,
     k: int,
-    own: np.ndarray | None = None,
     floor: float | None = None,
     tolerance: float = 1e-5,
 ) -> float:
     """Fraction of the exact top-k recovered over all queries (a score tying the exact k-th counts).
 
-    `own`: per query, an id to ignore on both sides (the query itself). `floor`: only true neighbours
-    scoring at least this much are wanted (1.0 when no query has any).
+    `floor`: only true neighbours scoring at least this much are wanted (1.0 when no query has any).
     """
     hits = wanted = 0
     for row in range(len(found_ids)):
-        skip = -2 if own is None else own[row]
-        truth_keep = (truth_ids[row] != skip) & (truth_ids[row] >= 0)
+        truth_keep = truth_ids[row] >= 0
         if floor is not None:
             truth_keep &= truth_scores[row] >= floor
-        found_keep = (found_ids[row] != skip) & (found_ids[row] >= 0)
+        found_keep = found_ids[row] >= 0
         truth = truth_ids[row][truth_keep][:k]
         if not len(truth):
             continue

@@ -42,6 +42,8 @@ from experience.records import StepRecord, TrajectoryRecord
 SIGNATURE_VERSION = 1
 TASK_HEAD_CHARS = 200
 ACTION_CHARS = 160
+# The step kinds a signature and the exact hash read: observations stay unread, so loaders can skip them.
+ACTION_KINDS = ("command", "tool_call", "model_call")
 DEFAULT_SIGNATURE_CHARS = 2000
 
 _TEMP_DIR = re.compile(

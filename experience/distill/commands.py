@@ -137,7 +137,7 @@ def parse_command(command: str) -> CommandIntent:
     Cached: runs repeat their commands (every build reads each run's twice, and agents rerun the same
     tests), shlex is slow, and the intent is immutable."""
     first_line = command.strip().split("\n", 1)[0]
-    head = _split_words(first_line)
+    head = shell.split_words(first_line)
     if not head:
         return NO_INTENT
     aci = _aci_intent(head)
@@ -217,7 +217,7 @@ _HEREDOC = re.compile(r"(?<!<)<<-?\s*(['\"]?)([A-Za-z_][\w-]*)\1")
 
 
 def _shell_intent(command: str) -> CommandIntent:
-    tokens = _split_words(_newlines_to_semicolons(_strip_heredocs(command)))
+    tokens = shell.split_words(_newlines_to_semicolons(_strip_heredocs(command)))
     writes: list[FileWrite] = []
     tests: list[TestInvocation] = []
     piped = "|" in tokens or "|&" in tokens
@@ -227,11 +227,6 @@ def _shell_intent(command: str) -> CommandIntent:
         tests.extend(inner.tests)
         piped = piped or inner.piped
     return CommandIntent(writes=tuple(writes), tests=tuple(tests), piped=piped)
-
-
-def _split_words(text: str) -> list[str]:
-    # shlex's words, without shlex for the usual command (see `shell`).
-    return shell.split_words(text)
 
 
 def _strip_heredocs(command: str) -> str:

@@ -62,10 +62,10 @@ def row_digest(row: Row, encoded: bytes | None = None) -> int:
 
 
 class ManifestBuilder:
-    """Collects a manifest from the runs offered (`track`) and the rows made (`observe` / `wrap`).
+    """Collects a manifest from the runs offered (`track`) and the rows made (`observe`).
 
-    Use both: `rows = builder.wrap(value_rows(builder.track(runs), spec))`, then `builder.finish()`
-    after the rows are consumed.
+    The build wraps the runs in `track`, calls `observe(row, encoded)` with each row and the bytes it
+    wrote for it, then `finish()` after the rows are consumed. `wrap(rows)` observes a row stream itself.
     """
 
     def __init__(

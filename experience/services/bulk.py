@@ -96,7 +96,7 @@ def copy_new_objects(objects: Sequence[Model]) -> None:
     if not objects:
         return
     meta = objects[0]._meta
-    fields = [f for f in meta.concrete_fields]
+    fields = list(meta.concrete_fields)
     ids = next_ids(meta.db_table, str(meta.pk.column), len(objects))
     for obj, pk in zip(objects, ids, strict=True):
         obj.pk = pk

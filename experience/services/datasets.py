@@ -466,9 +466,6 @@ def curation_version() -> str:
     return f"curation-event-{latest or 0}"
 
 
-# --- the read path ---------------------------------------------------------------------------------------
-
-
 # --- rubric labels ---------------------------------------------------------------------------------------
 
 
@@ -507,7 +504,7 @@ def rubric_labels_write(*, runs: list[StoredRun]) -> int:
 
 
 _LABEL_COPY = (
-    "COPY experience_label (trajectory_id, step_id, name, value, source, version, created_at) FROM STDIN"
+    f"COPY {Label._meta.db_table} (trajectory_id, step_id, name, value, source, version, created_at) FROM STDIN"
 )
 
 

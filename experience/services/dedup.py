@@ -40,17 +40,17 @@ from django.db import connection, transaction
 from experience.dedup.cluster import Assignment, DedupItem, Member, assign, cluster_items
 from experience.dedup.embed import DEFAULT_EMBEDDER, Embedder, get_embedder
 from experience.dedup.index import VectorIndex
-from experience.dedup.signature import action_sequence, exact_hash, signature_text
+from experience.dedup.signature import ACTION_KINDS, action_sequence, exact_hash, signature_text
 from experience.errors import NotFound, ValidationError
 from experience.models import CurationEvent, DedupCluster, Step, Trajectory, TrajectoryEmbedding
 from experience.records import TrajectoryRecord
+from experience.services.bulk import is_postgres
 from experience.services.stored import record_of, stored_step_records
 
 logger = logging.getLogger(__name__)
 
 PENDING_BATCH = 200  # runs per dedup_pending call: a beat tick stays short
 MAX_SIMILAR_K = 1024
-_ACTION_KINDS = ("command", "tool_call", "model_call")  # all a signature reads; observations stay unread
 _LOCK_KEY = 0x7472_6F76_6564_7570  # "trovedup": the advisory lock of the one dedup writer
 _THREAD_LOCK = threading.RLock()
 
@@ -116,13 +116,13 @@ class _Signed:
 def _finished(trajectory_ids: Iterable[int]) -> list[Trajectory]:
     ids = sorted({int(i) for i in trajectory_ids})
     rows = Trajectory.objects.filter(pk__in=ids).exclude(status=Trajectory.Status.RUNNING)
-    return list(rows.select_related("cluster").order_by("id"))
+    return list(rows.order_by("id"))
 
 
 def _action_records(trajectories: list[Trajectory]) -> Iterator[tuple[Trajectory, TrajectoryRecord]]:
     """Each run as a record of its action-bearing steps only (no observations, no model context)."""
     by_run: dict[int, list[Step]] = defaultdict(list)
-    steps = Step.objects.filter(trajectory_id__in=[t.pk for t in trajectories], kind__in=_ACTION_KINDS)
+    steps = Step.objects.filter(trajectory_id__in=[t.pk for t in trajectories], kind__in=ACTION_KINDS)
     for step in steps.order_by("trajectory_id", "seq"):
         by_run[step.trajectory_id].append(step)
     for trajectory in trajectories:
@@ -263,7 +263,7 @@ def _refresh(embedder: Embedder) -> VectorIndex:
 def _writer() -> Iterator[None]:
     """One dedup writer across processes (Postgres advisory lock, held to the transaction's end) and threads."""
     with _THREAD_LOCK, transaction.atomic():
-        if connection.vendor == "postgresql":
+        if is_postgres():
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_KEY])
         yield
@@ -368,10 +368,10 @@ def _place_all(signed: list[_Signed], embedder: Embedder, index: VectorIndex, ac
 
 def _mark(trajectory: Trajectory, result: Assignment) -> None:
     canonical_id = TrajectoryEmbedding.objects.values_list("trajectory_id", flat=True).get(pk=result.canonical_id)
-    cluster = _cluster_of(result, canonical_id)
+    method = DedupCluster.Method.EXACT if result.match == "exact" else DedupCluster.Method.NEAR
+    cluster = _cluster_of(result, canonical_id, method)
     # The cluster's own canonical wins: it may have no vector under this embedder (a curator chose it).
     canonical_id = cluster.canonical_id or canonical_id
-    method = DedupCluster.Method.EXACT if result.match == "exact" else DedupCluster.Method.NEAR
     if cluster.method == DedupCluster.Method.EXACT and method == DedupCluster.Method.NEAR:
         cluster.method = method
     Trajectory.objects.filter(pk=trajectory.pk).update(
@@ -381,12 +381,11 @@ def _mark(trajectory: Trajectory, result: Assignment) -> None:
     cluster.save(update_fields=["method", "size", "updated_at"])
 
 
-def _cluster_of(result: Assignment, canonical_id: int) -> DedupCluster:
-    """The cluster the assignment names; a lone canonical gets a new one (automatic, by this match)."""
+def _cluster_of(result: Assignment, canonical_id: int, method: str) -> DedupCluster:
+    """The cluster the assignment names; a lone canonical gets a new one (automatic, `method`)."""
     if result.cluster_key.startswith("c"):
         return DedupCluster.objects.get(pk=int(result.cluster_key[1:]))
     canonical = Trajectory.objects.get(pk=canonical_id)
-    method = DedupCluster.Method.EXACT if result.match == "exact" else DedupCluster.Method.NEAR
     cluster = DedupCluster.objects.create(task_key=canonical.task_key, method=method, canonical=canonical, size=1)
     Trajectory.objects.filter(pk=canonical_id).update(cluster=cluster, canonical=None, is_duplicate=False, similarity=1.0)
     return cluster
@@ -565,7 +564,7 @@ def cluster_split(*, cluster_id: int, trajectory_id: int, actor: Any = None, rea
         plans = {trajectory_id: dict(cluster_id=alone.pk, canonical_id=None, is_duplicate=False, similarity=None)}
         plans.update(_canonical_plan(rest, cluster.pk, _keep_canonical(cluster, rest)))
         _apply_plans(members, plans, action="split", actor=actor, reason=reason)
-        _finish_cluster(cluster, rest)
+        _finish_cluster(cluster)
     return alone
 
 
@@ -593,7 +592,7 @@ def cluster_merge(*, cluster_id: int, other_cluster_id: int, canonical_id: int |
         plans = _canonical_plan(list(members.values()), target.pk, canonical_id)
         _apply_plans(members, plans, action="merge", actor=actor, reason=reason)
         other.delete()
-        _finish_cluster(target, list(members.values()))
+        _finish_cluster(target)
     return target
 
 
@@ -641,8 +640,8 @@ def _apply_plans(members: Mapping[int, Trajectory], plans: Mapping[int, dict[str
     CurationEvent.objects.bulk_create(events)
 
 
-def _finish_cluster(cluster: DedupCluster, members: list[Trajectory]) -> None:
-    canonical = next((p for p in Trajectory.objects.filter(cluster=cluster, is_duplicate=False).order_by("id")), None)
+def _finish_cluster(cluster: DedupCluster) -> None:
+    canonical = Trajectory.objects.filter(cluster=cluster, is_duplicate=False).order_by("id").first()
     cluster.canonical = canonical
     cluster.method = DedupCluster.Method.MANUAL
     cluster.size = Trajectory.objects.filter(cluster=cluster).count()

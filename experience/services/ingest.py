@@ -25,7 +25,7 @@ from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from experience.dedup.signature import exact_hash
+from experience.dedup.signature import ACTION_KINDS, exact_hash
 from experience.errors import LimitExceeded, NotFound, ValidationError
 from experience.models import Step, Trajectory
 from experience.records import TRAJECTORY_STATUSES, StepRecord, TrajectoryRecord
@@ -437,7 +437,7 @@ class Tally:
     def with_steps(self, steps: Sequence[StepRecord]) -> Tally | None:
         """This tally once `steps` are appended, or None when they change the hash or the token counts (an
         action, or a step with tokens): then only a recount will do."""
-        if any(s.kind in _ACTION_KINDS or s.tokens_in is not None or s.tokens_out is not None for s in steps):
+        if any(s.kind in ACTION_KINDS or s.tokens_in is not None or s.tokens_out is not None for s in steps):
             return None
         return replace(self, next_seq=self.next_seq + len(steps), n_steps=self.n_steps + len(steps))
 
@@ -517,11 +517,8 @@ def _totals_of(trajectory: Trajectory, steps: list[Step]) -> dict[str, Any]:
         "n_model_calls": sum(1 for s in steps if s.kind == "model_call"),
         "tokens_in": sum(tokens_in) if tokens_in else _usage_count(usage, "tokens_in"),
         "tokens_out": sum(tokens_out) if tokens_out else _usage_count(usage, "tokens_out"),
-        "content_hash": _action_hash(trajectory, [s for s in steps if s.kind in _ACTION_KINDS]),
+        "content_hash": _action_hash(trajectory, [s for s in steps if s.kind in ACTION_KINDS]),
     }
-
-
-_ACTION_KINDS = ("command", "tool_call", "model_call")
 
 
 def _action_hash(trajectory: Trajectory, steps: list[Step]) -> str:

@@ -17,8 +17,9 @@ from django.views.decorators.http import require_POST
 
 from experience.errors import NotFound, TroveError
 from experience.services.dedup import cluster_get, cluster_list, cluster_members, cluster_merge, cluster_split
+from webapp.api.trajectories import CURATE_PERMISSION
+from webapp.dashboard.forms import form_errors
 
-CURATE_PERMISSION = "experience.change_trajectory"
 SIDE_BY_SIDE = 12  # members drawn as columns; more would not fit a screen
 
 
@@ -75,7 +76,7 @@ def _curate(request: HttpRequest, form: forms.Form, act, *, back: int, done: str
         messages.error(request, f"Curation needs the {CURATE_PERMISSION} permission.")
         return redirect(url)
     if not form.is_valid():
-        messages.error(request, "; ".join(f"{k}: {' '.join(str(e) for e in v)}" for k, v in form.errors.items()))
+        messages.error(request, form_errors(form))
         return redirect(url)
     try:
         result = act(form.cleaned_data)

@@ -31,6 +31,7 @@ from experience.search import (
 from experience.services.curation import ACTIONS, trajectories_curate
 from experience.services.importing import ImportReport, trajectories_import_upload
 from webapp.api.trajectories import CURATE_PERMISSION
+from webapp.dashboard.forms import form_errors
 
 PAGE = 50
 FILTER_NAMES = ("q", "task", "task_set", "model", "harness", "source", "source_format", "status", "outcome",
@@ -102,7 +103,7 @@ def explorer_curate(request: HttpRequest) -> HttpResponse:
         return redirect(back)
     form = CurateForm({**request.POST.dict(), "checked": ",".join(request.POST.getlist("checked"))})
     if not form.is_valid():
-        messages.error(request, "; ".join(f"{k}: {' '.join(str(e) for e in v)}" for k, v in form.errors.items()))
+        messages.error(request, form_errors(form))
         return redirect(back)
     data = form.cleaned_data
     try:

@@ -12,6 +12,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from experience.errors import NotFound, TroveError
+from webapp.dashboard.forms import form_errors
 from webapp.fleets import selectors, services
 from webapp.fleets.models import EnvironmentTemplate, Fleet
 
@@ -95,7 +96,7 @@ def fleet_scale(request, fleet_id: int):
     fleet = _fleet_or_404(fleet_id)
     form = FleetScaleForm(request.POST)
     if not form.is_valid():
-        messages.error(request, _form_errors(form))
+        messages.error(request, form_errors(form))
         return redirect("dashboard:fleet", fleet.pk)
     _apply(request, lambda: services.fleet_scale(fleet=fleet, reason=f"scaled by {request.user}", **form.cleaned_data),
            f"Fleet {fleet.name} scaled.")
@@ -117,7 +118,7 @@ def fleet_template(request, fleet_id: int):
     fleet = _fleet_or_404(fleet_id)
     form = FleetTemplateForm(request.POST, templates=list(selectors.template_list()))
     if not form.is_valid():
-        messages.error(request, _form_errors(form))
+        messages.error(request, form_errors(form))
         return redirect("dashboard:fleet", fleet.pk)
     template = form.cleaned_data["template"]
     _apply(request, lambda: services.fleet_set_template(fleet=fleet, template=template),
@@ -141,5 +142,3 @@ def _apply(request, action, success: str) -> None:
         messages.success(request, success)
 
 
-def _form_errors(form: forms.Form) -> str:
-    return "; ".join(f"{field}: {' '.join(str(e) for e in errors)}" for field, errors in form.errors.items())

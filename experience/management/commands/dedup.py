@@ -60,8 +60,8 @@ class Command(BaseCommand):
                 report = dedup_pending(limit=options["batch"], embedder=embedder, across_tasks=options["across_tasks"])
                 if not report.trajectory_ids:
                     break
-                for name in ("embedded", "placed", "duplicates", "skipped"):
-                    setattr(total, name, getattr(total, name) + getattr(report, name))
+                for name, value in report.as_dict().items():
+                    setattr(total, name, getattr(total, name) + value)
                 bar.update(len(report.trajectory_ids))
         index = index_refresh(embedder=embedder)
         return {"embedder": embedder_key(embedder), "indexed": len(index), "index_kind": index.kind,
