@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 GIL_SWITCH_INTERVAL_S = 0.0005
 MAX_DEFAULT_WORKERS = 8
 RESPAWN_DELAY_S = 1.0
+SUPERVISE_POLL_S = 0.1  # how often the supervisor looks for a worker that exited
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -166,12 +167,15 @@ class _Supervisor:
         try:
             for _ in range(self._workers):
                 self._spawn()
-            while self._children:
+            while self._children and not self._stopping:
+                # Polled, not a blocking os.wait(): that resumes after a signal (PEP 475), and a stop signal
+                # must lead to _stop_all's timed wait even when no worker ever exits on its own.
                 try:
-                    pid, status = os.wait()
+                    pid, status = os.waitpid(-1, os.WNOHANG)
                 except ChildProcessError:
                     break
-                except InterruptedError:
+                if not pid:
+                    time.sleep(SUPERVISE_POLL_S)
                     continue
                 self._children.discard(pid)
                 if not self._stopping:
@@ -201,9 +205,7 @@ class _Supervisor:
         self._children.add(pid)
 
     def _on_stop_signal(self, signum: int, frame: Any) -> None:
-        self._stopping = True
-        for pid in list(self._children):
-            _signal_quietly(pid, signal.SIGTERM)
+        self._stopping = True  # run() leaves its loop; _stop_all passes the signal on and bounds the wait
 
     def _stop_all(self) -> None:
         self._stopping = True
