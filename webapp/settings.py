@@ -179,6 +179,8 @@ TROVE_KUBE_NAMESPACE = env_str("TROVE_KUBE_NAMESPACE", "trove-sandboxes")
 TROVE_KUBECONFIG = env_str("KUBECONFIG")
 TROVE_PROXY_HOST = env_str("TROVE_PROXY_HOST", "127.0.0.1")
 TROVE_PROXY_PORT = env_int("TROVE_PROXY_PORT", 8001)
+# Processes of `manage.py run_proxy` (0: one per CPU, at most 8).
+TROVE_PROXY_WORKERS = env_int("TROVE_PROXY_WORKERS", 0)
 # The address harnesses use to reach the proxy (may differ from where it binds, e.g. a Service name).
 TROVE_PROXY_PUBLIC_URL = env_str("TROVE_PROXY_PUBLIC_URL") or f"http://{TROVE_PROXY_HOST}:{TROVE_PROXY_PORT}"
 # The proxy also listens on this Unix socket (empty: it does not). Local sandboxes of a "proxy-only" template

@@ -67,17 +67,18 @@ def event_record_relaxed(*, sandbox: Sandbox, kind: str, reason: str = "", data:
         event_record(sandbox=sandbox, kind=kind, reason=reason, data=data)
 
 
-# set_config(..., is_local => true) lasts for this statement's own (autocommit) transaction; the `relaxed`
-# row is joined into the INSERT so that it is evaluated.
-_RELAXED_EVENT_SQL = """
-WITH relaxed AS (
-    SELECT set_config('synchronous_commit', 'off', true)
-)
+# A statement that commits without waiting for the WAL flush, in one round trip (what relaxed_commit does in
+# four): set_config(..., is_local => true) lasts for the statement's own (autocommit) transaction, and the
+# `relaxed` row is joined into the statement so that it is evaluated.
+RELAXED_CTE = "relaxed AS (SELECT set_config('synchronous_commit', 'off', true))"
+# A sandbox event (no state change) whose statement joins `relaxed`.
+_EVENT_FROM_RELAXED = """
 INSERT INTO fleets_sandboxevent
     (sandbox_id, sandbox_name, fleet_id, kind, from_state, to_state, reason, data, created_at)
 SELECT %(sandbox)s, %(name)s, %(fleet)s, %(kind)s, '', '', %(reason)s, %(data)s::jsonb, %(now)s
 FROM relaxed
 """
+_RELAXED_EVENT_SQL = f"WITH {RELAXED_CTE}{_EVENT_FROM_RELAXED}"
 
 
 # --- templates -------------------------------------------------------------------------------------------
@@ -347,6 +348,11 @@ def _transition_statement(sandbox: Sandbox, to: str, expect: tuple[str, ...], wh
     return row[0] if row else None
 
 
+def _claim_ms(started: float | None) -> float | None:
+    """Milliseconds since `started` (perf_counter), for the claim event; None when not timed."""
+    return round((time.perf_counter() - started) * 1000, 3) if started is not None else None
+
+
 def sandbox_claim_warm(*, fleet: Fleet, holder: str, lease_seconds: int, started: float | None = None,
                        claim: str = "warm", count_hit: bool = False, count_miss: bool = False) -> Sandbox | None:
     """Lease a warm sandbox, atomically, never waiting on a backend; with `count_hit` (`count_miss`), count a
@@ -360,7 +366,7 @@ def sandbox_claim_warm(*, fleet: Fleet, holder: str, lease_seconds: int, started
     whole claim (pick, lease, event, counter) is one statement: one round trip and one commit, which is most
     of a warm claim's cost. Elsewhere (the embedded SQLite default) it is the same steps in a transaction.
     """
-    claim_ms = round((time.perf_counter() - started) * 1000, 3) if started is not None else None
+    claim_ms = _claim_ms(started)
     if connection.vendor == "postgresql":
         sandbox = _claim_warm_statement(fleet, holder, lease_seconds, claim, claim_ms, count_hit, count_miss)
     else:
@@ -446,7 +452,7 @@ def sandbox_lease_cold(*, sandbox: Sandbox, holder: str, lease_seconds: int, sta
             return False
         locked.endpoint, locked.agent_secret = sandbox.endpoint, sandbox.agent_secret
         locked.ready_at = timezone.now()
-        claim_ms = round((time.perf_counter() - started) * 1000, 3) if started is not None else None
+        claim_ms = _claim_ms(started)
         _lease(locked, holder=holder, lease_seconds=lease_seconds, claim="cold", claim_ms=claim_ms,
                extra_fields=("endpoint", "agent_secret", "ready_at"))
     for key in ("state", "lease_holder", "lease_expires_at", "fencing_token", "leased_at", "ready_at",
@@ -478,7 +484,7 @@ SELECT fencing_token FROM leased
 
 def _lease_cold_statement(sandbox: Sandbox, holder: str, lease_seconds: int, started: float | None) -> bool:
     now = timezone.now()
-    claim_ms = round((time.perf_counter() - started) * 1000, 3) if started is not None else None
+    claim_ms = _claim_ms(started)
     with connection.cursor() as cursor:
         cursor.execute(_LEASE_COLD_SQL, {"sandbox": sandbox.pk, "holder": holder[:200], "now": now,
                                          "expires": now + timedelta(seconds=lease_seconds), "claim_ms": claim_ms,
@@ -569,19 +575,11 @@ def sandbox_exec_recorded(*, sandbox: Sandbox, command: str, exit_code: int | No
         event_record(sandbox=sandbox, kind=kind, reason=reason, data=data)
 
 
-# set_config(..., is_local => true) lasts for this statement's own (autocommit) transaction; the `relaxed`
-# row is joined into the INSERT so that it is evaluated.
-_EXEC_SQL = """
-WITH relaxed AS (
-    SELECT set_config('synchronous_commit', 'off', true)
-), touched AS (
+# An exec's log: the sandbox touched and the event written, committed relaxed (RELAXED_CTE).
+_EXEC_SQL = f"""
+WITH {RELAXED_CTE}, touched AS (
     UPDATE fleets_sandbox
     SET last_used_at = %(now)s,
         first_exec_at = CASE WHEN %(first)s THEN COALESCE(first_exec_at, %(sent)s) ELSE first_exec_at END
     WHERE id = %(sandbox)s
-)
-INSERT INTO fleets_sandboxevent
-    (sandbox_id, sandbox_name, fleet_id, kind, from_state, to_state, reason, data, created_at)
-SELECT %(sandbox)s, %(name)s, %(fleet)s, %(kind)s, '', '', %(reason)s, %(data)s::jsonb, %(now)s
-FROM relaxed
-"""
+){_EVENT_FROM_RELAXED}"""

@@ -488,15 +488,17 @@ def _decode_entries(entries: list[Entry]) -> tuple[list[CallRecord], list[Entry]
     for entry_id, fields in entries:
         if fields is None:
             continue  # deleted before it was claimed (Redis < 7 still lists it): only the ack is due
-        lines = fields[b"records"].split(b"\n") if b"records" in fields else [fields.get(b"record")]
+        if b"records" not in fields and b"record" not in fields:
+            log.error("entry %r holds no call record: moved to the dead-letter stream", entry_id)
+            dead.append((entry_id, fields))
+            continue
+        lines = fields[b"records"].split(b"\n") if b"records" in fields else [fields[b"record"]]
         for line in lines:
             try:
-                if line is None:
-                    raise KeyError("record")
                 records.append(CallRecord.from_json(line))
             except (KeyError, ValueError, TypeError):
                 log.error("undecodable call record in entry %r moved to the dead-letter stream", entry_id)
-                dead.append((entry_id, {b"record": line} if line is not None else fields))
+                dead.append((entry_id, {b"record": line}))
     return records, dead
 
 

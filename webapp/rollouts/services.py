@@ -11,7 +11,6 @@ budget is counted by one transaction at a time. Tasks are enqueued after commit.
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
@@ -27,8 +26,9 @@ from experience.models import Trajectory
 from experience.services.ingest import trajectory_finish
 from webapp.env import env_str
 from webapp.fleets.models import Fleet
+from webapp.fleets.services import RELAXED_CTE
 from webapp.rollouts import sampling, selectors
-from webapp.rollouts.models import Rollout, RolloutJob, Task, TaskSet
+from webapp.rollouts.models import Rollout, RolloutJob, Task, TaskSet, _new_token
 
 log = logging.getLogger("trove.rollouts")
 R = Rollout.Status
@@ -189,7 +189,7 @@ def _claim(rollout: Rollout, attempt: int, open_trajectory: Callable[[Rollout], 
     claim: dict[str, Any] = {"status": R.RUNNING, "worker": rollout.worker, "heartbeat_at": rollout.started_at,
              "started_at": rollout.started_at, "attempt": attempt + 1}
     if open_trajectory is not None:
-        rollout.trajectory, rollout.token = open_trajectory(rollout), secrets.token_urlsafe(24)
+        rollout.trajectory, rollout.token = open_trajectory(rollout), _new_token()
         claim.update(trajectory=rollout.trajectory, token=rollout.token)
     if not Rollout.objects.filter(pk=rollout.pk, status=R.QUEUED, attempt=attempt).update(**claim):
         transaction.set_rollback(True)
@@ -266,8 +266,7 @@ def rollout_set_sandbox(*, rollout_id: int, sandbox_id: int) -> None:
         return
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {Rollout._meta.db_table} SET sandbox_id = %s "
-            "FROM (SELECT set_config('synchronous_commit', 'off', true)) AS relaxed WHERE id = %s",
+            f"WITH {RELAXED_CTE} UPDATE {Rollout._meta.db_table} SET sandbox_id = %s FROM relaxed WHERE id = %s",
             [sandbox_id, rollout_id],
         )
 

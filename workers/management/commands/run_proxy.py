@@ -11,8 +11,6 @@ the proxy is CPU-bound Python, so one process uses one core at most. The workers
 
 from __future__ import annotations
 
-import os
-
 from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import connections
@@ -36,7 +34,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, host: str, port: int, unix_path: str | None, upstream_timeout: float,
                workers: int | None, **options):
-        workers = workers or int(os.environ.get("TROVE_PROXY_WORKERS") or 0) or default_workers()
+        workers = workers or settings.TROVE_PROXY_WORKERS or default_workers()
         where = f"Redis stream {proxy_stream()}" if settings.REDIS_URL else "the database directly"
         self.stdout.write(f"Recording proxy on http://{host}:{port}/r/<token>/v1/ ({workers} process(es)); "
                           f"records to {where}, spooled in {proxy_spool_dir()} when that fails")
