@@ -176,7 +176,7 @@ def message_chars(message: Message) -> int:
     return chars
 
 
-def extends(items: list[Any] | tuple[Any, ...], previous: tuple[Any, ...]) -> bool:
+def extends(items: Sequence[Any], previous: Sequence[Any]) -> bool:
     """Whether `items` starts with the very objects of `previous` (non-empty), compared by identity."""
     return 0 < len(previous) <= len(items) and all(map(operator.is_, items, previous))
 
