@@ -13,6 +13,7 @@ decision), so SFT can weight the assistant turns of each decision.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import operator
@@ -185,26 +186,32 @@ class MessageFacts:
     """What truncation reads of each message (its characters, whether it holds the task), worked out once
     per message object rather than once per context holding it: a run's contexts share their messages
     (`values.decision_inputs`), so without this a run costs O(decisions x context) text scans. Keyed by
-    identity, holding the messages; use one per run, whose messages must not change meanwhile."""
+    identity, holding the messages; use one per run, whose messages must not change meanwhile.
+
+    A context that starts with the previous one (a run's growing context) also carries on that one's
+    running figures (total characters, tokens at CHARS_PER_TOKEN, leading system messages, the task), so
+    `truncate` can tell in O(added messages) that the whole context fits (`whole`)."""
 
     def __init__(self) -> None:
         self._chars: dict[int, tuple[Message, int]] = {}
         self._holds: dict[tuple[int, str], bool] = {}
-        self._last: tuple[tuple[Message, ...], list[int], list[Any]] = ((), [], [])
+        self._last: _Profile = _Profile((), [], [])
 
     def profile(self, messages: Sequence[Message]) -> tuple[list[int], list[Any]]:
-        """(characters, role) of each message; a context that starts with the previous one (a run's
-        growing context) reuses its profile."""
-        previous, chars, roles = self._last
-        if extends(messages, previous):
-            added = messages[len(previous) :]
-            chars = chars + [self.chars(m) for m in added]
-            roles = roles + [m.get("role") for m in added]
+        """(characters, role) of each message."""
+        profile = self._profile(messages)
+        return profile.chars, profile.roles
+
+    def _profile(self, messages: Sequence[Message]) -> _Profile:
+        previous = self._last
+        if extends(messages, previous.messages):
+            if len(messages) == len(previous.messages):
+                return previous
+            profile = previous.extended(messages, self)
         else:
-            chars = [self.chars(m) for m in messages]
-            roles = [m.get("role") for m in messages]
-        self._last = (tuple(messages), chars, roles)
-        return chars, roles
+            profile = _Profile((), [], []).extended(messages, self)
+        self._last = profile
+        return profile
 
     def chars(self, message: Message) -> int:
         known = self._chars.get(id(message))
@@ -220,6 +227,96 @@ class MessageFacts:
         if known is None:
             known = self._holds[key] = probe in _normalised(str(message.get("content") or ""))
         return known
+
+    def whole(
+        self, messages: Sequence[Message], budget: int, instruction: str, known_total: int | None
+    ) -> Truncated | None:
+        """`truncate`'s answer when it keeps every message, else None (it must cut, or may drop a leading
+        `tool` message): the context's tokens within the budget and no `tool` message first after the
+        kept head. O(added messages) for a growing context, but for a recorded prompt token count, whose
+        share per message changes with every context (one pass in C)."""
+        profile = self._profile(messages)
+        tokens = profile.tokens(known_total)
+        if tokens > budget:
+            return None
+        first_free = profile.first_after_head(instruction, self)
+        if first_free < len(messages) and profile.roles[first_free] == "tool":
+            return None
+        return Truncated(messages=list(messages), dropped=0, tokens=tokens)
+
+
+class _Profile:
+    """The figures `MessageFacts` keeps of one context, each extended by the messages added to it."""
+
+    def __init__(self, messages: tuple[Message, ...], chars: list[int], roles: list[Any]) -> None:
+        self.messages = messages
+        self.chars = chars
+        self.roles = roles
+        self.total_chars = sum(chars)
+        self.plain_tokens = sum(math.ceil(count / CHARS_PER_TOKEN) for count in chars)
+        self.leading_system = 0  # how many messages from the front are system messages
+        while self.leading_system < len(roles) and roles[self.leading_system] == "system":
+            self.leading_system += 1
+        self._task: tuple[str, int | None, int | None] | None = None  # (instruction, task, first user)
+
+    def tokens(self, known_total: int | None) -> int:
+        """sum(`token_counts`), the shares of a known total summed in C (`_token_counts`' arithmetic)."""
+        if not (known_total and self.total_chars):
+            return self.plain_tokens
+        scaled = map(operator.mul, self.chars, itertools.repeat(known_total))
+        return sum(map(math.ceil, map(operator.truediv, scaled, itertools.repeat(self.total_chars))))
+
+    def extended(self, messages: Sequence[Message], facts: MessageFacts) -> _Profile:
+        added = messages[len(self.messages) :]
+        chars = [facts.chars(m) for m in added]
+        profile = _Profile.__new__(_Profile)
+        profile.messages = tuple(messages)
+        profile.chars = self.chars + chars
+        profile.roles = self.roles + [m.get("role") for m in added]
+        profile.total_chars = self.total_chars + sum(chars)
+        profile.plain_tokens = self.plain_tokens + sum(math.ceil(count / CHARS_PER_TOKEN) for count in chars)
+        profile.leading_system = self.leading_system
+        if self.leading_system == len(self.messages):
+            while (
+                profile.leading_system < len(profile.roles)
+                and profile.roles[profile.leading_system] == "system"
+            ):
+                profile.leading_system += 1
+        profile._task = self._task
+        profile._carry_task(len(self.messages), facts)
+        return profile
+
+    def _carry_task(self, start: int, facts: MessageFacts) -> None:
+        """The previous context's task search, carried over the messages from `start` on: a probe match
+        found before stays the task; otherwise only the added user messages are searched."""
+        if self._task is None:
+            return
+        instruction, task, first_user = self._task
+        if task is None:
+            probe = _task_probe(instruction)
+            added_users = [i for i in range(start, len(self.roles)) if self.roles[i] == "user"]
+            if first_user is None and added_users:
+                first_user = added_users[0]
+            if probe:
+                task = next((i for i in added_users if facts.holds(self.messages[i], probe)), None)
+        self._task = (instruction, task, first_user)
+
+    def task(self, instruction: str, facts: MessageFacts) -> int | None:
+        """`task_index` (not strict) of this context."""
+        if self._task is None or self._task[0] != instruction:
+            self._task = (instruction, None, None)
+            self._carry_task(0, facts)
+        _, task, first_user = self._task
+        return task if task is not None else first_user
+
+    def first_after_head(self, instruction: str, facts: MessageFacts) -> int:
+        """Index of the first message `truncate` does not keep as head (system messages before the task,
+        and the task): the first message that is not a leading system message, or the one after the task
+        when only system messages precede it."""
+        task = self.task(instruction, facts)
+        if task is None or self.leading_system < task:
+            return self.leading_system
+        return task + 1
 
 
 def token_counts(
@@ -303,6 +400,9 @@ def truncate(
     caller truncates many contexts sharing their messages.
     """
     if facts is not None:
+        whole = facts.whole(messages, budget, instruction, known_total)
+        if whole is not None:
+            return whole
         chars, roles = facts.profile(messages)
     else:
         chars, roles = [message_chars(m) for m in messages], [m.get("role") for m in messages]

@@ -20,6 +20,7 @@ so nothing in a row's inputs depends on the action's own outcome.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -76,7 +77,8 @@ def run_value_rows(run: SourceRun, spec: DatasetSpec) -> Iterator[Row]:
     outcome = bool(run_success(record))
     for inputs in decision_inputs(record, spec, run.scored):
         target = target_value(reward, inputs["step_index"], inputs["step_count"], spec.gamma)
-        yield base | inputs | {"target_value": target, "outcome": outcome, "reward": reward}
+        inputs.update(target_value=target, outcome=outcome, reward=reward)
+        yield base | inputs
 
 
 def decision_inputs(
@@ -87,17 +89,16 @@ def decision_inputs(
     when the caller has it already.
 
     The rows of a run share their context messages (the same dict objects), so writers can encode each
-    distinct message once (`writers.RowEncoder`); they must not be changed."""
+    distinct message once (`writers.RowEncoder`); they must not be changed. A context that extends the
+    previous decision's costs only its added messages (`_Contexts`, `chat.MessageFacts`)."""
     decisions = decision_points(record)
     if not decisions:
         return
     scored = scored or rubric(record)
-    entries = chat.rebuild_conversation(record, decisions)
-    entry_steps = [entry.step_index for entry in entries]
-    shared: dict[int, chat.Message] = {}
+    contexts = _Contexts(record, decisions)
     facts = chat.MessageFacts()
     for decision in decisions:
-        context, known_total = decision_context(record, decision, entries, entry_steps, shared)
+        context, known_total = contexts.before(decision)
         cut = chat.truncate(
             context,
             spec.context_budget_tokens,
@@ -112,7 +113,7 @@ def decision_inputs(
             "record_step": decision.first_step,
             "messages": cut.messages,
             "action": chat.decision_message(record, decision),
-            "rubric": labels_of(state),
+            "rubric": dict(_labels(state)),
             "stats": _stats(state, cut, actions_before=decision.t - 1),
         }
 
@@ -164,6 +165,49 @@ def _shared_messages(records: list[MessageRecord], shared: dict[int, chat.Messag
     return messages
 
 
+class _Contexts:
+    """`decision_context` for a run's decisions in order. A recorded request that starts with the
+    previous one's message records (a harness growing its history) becomes the previous context plus
+    the added messages; the conversation rebuilt from the steps is made only if a decision needs it."""
+
+    def __init__(self, record: TrajectoryRecord, decisions: list[Decision]) -> None:
+        self._record = record
+        self._decisions = decisions
+        self._shared: dict[int, chat.Message] = {}
+        self._last: tuple[list[MessageRecord], list[chat.Message]] = ([], [])
+        self._entries: tuple[list[chat.Entry], list[int]] | None = None
+
+    def before(self, decision: Decision) -> tuple[list[chat.Message], int | None]:
+        if decision.model_call is not None:
+            call = self._record.steps[decision.model_call]
+            if call.request_messages:
+                return self._requested(call.request_messages), call.tokens_in
+        entries, entry_steps = self._rebuilt()
+        return decision_context(self._record, decision, entries, entry_steps)
+
+    def _requested(self, records: list[MessageRecord]) -> list[chat.Message]:
+        previous, messages = self._last
+        if chat.extends(records, previous):
+            messages = messages + _shared_messages(records[len(previous) :], self._shared)
+        else:
+            messages = _shared_messages(records, self._shared)
+        self._last = (records, messages)
+        return messages
+
+    def _rebuilt(self) -> tuple[list[chat.Entry], list[int]]:
+        if self._entries is None:
+            entries = chat.rebuild_conversation(self._record, self._decisions)
+            self._entries = (entries, [entry.step_index for entry in entries])
+        return self._entries
+
+
+@functools.lru_cache(maxsize=4096)
+def _labels(state: RubricState) -> dict[str, bool]:
+    """`labels_of`, once per distinct state (states are few and repeat across rows and runs); callers
+    copy the dict, so no row shares it."""
+    return labels_of(state)
+
+
 def _base_fields(run: SourceRun, spec: DatasetSpec, kind: str) -> Row:
     group, split = split_for_task(run.task_key, spec)
     return {
@@ -178,13 +222,12 @@ def _base_fields(run: SourceRun, spec: DatasetSpec, kind: str) -> Row:
 
 def _stats(state: RubricState, cut: chat.Truncated, *, actions_before: int) -> dict[str, int]:
     """Counts a value model may use: the state before the action (at the end, for outcome rows)."""
-    values = (
-        actions_before,
-        state.errors,
-        state.test_runs,
-        state.passed_test_runs,
-        state.source_edits,
-        cut.tokens,
-        cut.dropped,
-    )
-    return dict(zip(STATS_KEYS, values, strict=True))
+    return {
+        "actions_before": actions_before,
+        "errors_before": state.errors,
+        "test_runs_before": state.test_runs,
+        "passed_test_runs_before": state.passed_test_runs,
+        "source_edits_before": state.source_edits,
+        "context_tokens": cut.tokens,
+        "context_dropped": cut.dropped,
+    }  # the keys of STATS_KEYS, in order

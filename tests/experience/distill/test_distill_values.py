@@ -284,3 +284,88 @@ def test_the_rows_of_a_run_share_their_context_messages_and_its_rubric_is_made_o
 
     assert rows[1]["messages"][0] is rows[2]["messages"][0]  # one dict per message record and run
     assert run.scored is run.scored
+
+
+def _growing(*steps):
+    """Contexts that each extend the one before by the given messages (shared objects)."""
+    context, contexts = [], []
+    for added in steps:
+        context = context + list(added)
+        contexts.append(context)
+    return contexts
+
+
+_SYSTEM = {"role": "system", "content": "s" * 40}
+_TASK_MESSAGE = {"role": "user", "content": TASK}
+_GROWING_CASES = {
+    # A tool answer right after the task: truncation drops it even within the budget.
+    "tool_after_task": _growing([_SYSTEM, _TASK_MESSAGE], [{"role": "tool", "content": "o" * 40}], [_SYSTEM]),
+    # The task shows up only in a later context: the search resumes over the added messages.
+    "task_comes_later": _growing(
+        [_SYSTEM, {"role": "user", "content": "a demonstration"}],
+        [{"role": "assistant", "content": "ok"}],
+        [_TASK_MESSAGE, {"role": "tool", "content": "o"}],
+        [{"role": "assistant", "content": "done"}],
+    ),
+    # No user message at first, then a system message after the start, then the first user message.
+    "late_users": _growing(
+        [{"role": "assistant", "content": "hello"}],
+        [{"role": "system", "content": "late system"}],
+        [{"role": "user", "content": "not the task"}, {"role": "tool", "content": "x" * 80}],
+    ),
+    "system_only_then_tool": _growing([_SYSTEM], [{"role": "tool", "content": "t"}], [_TASK_MESSAGE]),
+}
+
+
+@pytest.mark.parametrize("known_total", [None, 37])
+@pytest.mark.parametrize("budget", [10_000, 30, 0])
+@pytest.mark.parametrize("case", sorted(_GROWING_CASES))
+def test_a_growing_context_is_truncated_as_each_context_alone(case, budget, known_total):
+    facts = chat.MessageFacts()
+
+    for context in _GROWING_CASES[case]:
+        shared = chat.truncate(context, budget, instruction=TASK, known_total=known_total, facts=facts)
+        alone = chat.truncate(context, budget, instruction=TASK, known_total=known_total)
+
+        assert shared == alone
+
+
+def test_a_tool_message_right_after_the_task_is_dropped_within_the_budget_when_facts_are_shared():
+    facts = chat.MessageFacts()
+    first, second, _ = _GROWING_CASES["tool_after_task"]
+
+    chat.truncate(first, 10_000, instruction=TASK, facts=facts)
+    cut = chat.truncate(second, 10_000, instruction=TASK, facts=facts)
+
+    assert cut.dropped == 1 and cut.messages == [_SYSTEM, _TASK_MESSAGE]
+
+
+def test_value_rows_of_a_growing_request_history_match_rows_made_one_decision_at_a_time():
+    request = [MessageRecord("system", "s" * 50), MessageRecord("user", "a demonstration")]
+    steps = []
+    for n in range(6):
+        steps += [
+            model_call(f"step {n}", list(request), tokens_in=30 * (n + 1)),
+            command(f"ls {n}", "x" * 90),
+        ]
+        request += [
+            MessageRecord("assistant", f"step {n}"),
+            MessageRecord("tool" if n == 2 else "user", "x" * 90),
+        ]
+        if n == 1:
+            request.append(MessageRecord("user", TASK))
+    spec = DatasetSpec(kind="value", context_budget_tokens=120)
+    run = source_run("r1", steps)
+
+    rows = list(value_rows([run], spec))
+
+    for row, call in zip(rows, steps[::2], strict=True):
+        alone = chat.truncate(
+            [m.as_openai() for m in call.request_messages], 120, instruction=TASK, known_total=call.tokens_in
+        )
+        assert row["messages"] == alone.messages
+        assert (row["stats"]["context_tokens"], row["stats"]["context_dropped"]) == (
+            alone.tokens,
+            alone.dropped,
+        )
+    assert rows[3]["messages"][0] is rows[4]["messages"][0]
