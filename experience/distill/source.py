@@ -27,6 +27,10 @@ class SourceRun:
     manifest; when empty it is computed from the record (`record_content_hash`). `curation` is the curation
     status (`rejected` is left out unless the spec includes it; anything else is kept). `is_duplicate` is
     the dedup mark. `task_set` and `task_key` come from the record.
+
+    `value_rows`: the run's value rows when they were made ahead for the spec being built (the dataset
+    reader process makes them, and hands over the run without its steps: see `values.run_value_rows`);
+    None otherwise.
     """
 
     trajectory_id: str
@@ -34,6 +38,7 @@ class SourceRun:
     content_hash: str = ""
     curation: str = ""
     is_duplicate: bool = False
+    value_rows: tuple[dict[str, Any], ...] | None = None
 
     @property
     def task_key(self) -> str:

@@ -19,6 +19,7 @@ per run and rubric version.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import gzip
 import json
@@ -44,8 +45,10 @@ from django.utils import timezone
 from experience.distill.build import distill
 from experience.distill.errors import EmptyDatasetError, SpecError
 from experience.distill.rubric import DETECTORS, LABELS, RUBRIC_VERSION
+from experience.distill.selection import exclusion_reason
 from experience.distill.source import CURATION_REJECTED, UNUSABLE_STATUSES, SourceRun
 from experience.distill.spec import DatasetSpec
+from experience.distill.values import run_value_rows
 from experience.errors import Conflict, NotFound, TroveError, ValidationError
 from experience.models import CurationEvent, Dataset, DatasetVersion, Label, Trajectory
 from experience.services.dataset_source import (
@@ -67,6 +70,9 @@ READ_ASIDE = True
 READ_AHEAD_BATCHES = 2
 READER_PATIENCE_S = 5.0  # how often a reader with a full queue checks that its parent is alive
 READER_GC_THRESHOLD = 50_000  # allocations between the reader's young collections (see `_collect_less`)
+# Kinds whose rows the reader process makes too, handing over rows rather than steps (`_handed_over`):
+# where the work splits between the two processes. Empty: the reader hands over whole runs.
+READER_MAKES_ROWS = frozenset({"value"})
 
 
 # --- specs and filters -----------------------------------------------------------------------------------
@@ -347,7 +353,8 @@ def _reader_main(spec: DatasetSpec, show: Callable[[int, int], None] | None, bat
     try:
         for batch in _labelled_batches(spec, progress):
             # Pickled here, so the parent receives bytes and unpickles them with its collector paused.
-            _hand_over(batches, ("batch", pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)), parent)
+            data = pickle.dumps(_handed_over(batch, spec), protocol=pickle.HIGHEST_PROTOCOL)
+            _hand_over(batches, ("batch", data), parent)
         _hand_over(batches, ("done", (progress.runs, progress.steps)), parent)
     except BaseException as error:  # noqa: BLE001 - handed to the parent, which raises it
         _hand_over(batches, ("error", _picklable(error)), parent)
@@ -355,6 +362,24 @@ def _reader_main(spec: DatasetSpec, show: Callable[[int, int], None] | None, bat
         connections.close_all()
         batches.close()
         batches.join_thread()
+
+
+def _handed_over(batch: list[StoredRun], spec: DatasetSpec) -> list[StoredRun]:
+    """What the reader sends of a batch. For a kind in READER_MAKES_ROWS each run the spec uses goes
+    with its rows made (`SourceRun.value_rows`) and without its steps or rubric: the builder reads
+    nothing else of it (selection and the manifest read the run's fields and stored content hash). The
+    rows are a third of the steps' pickle and unpickle far faster, and making them moves work from the
+    builder, the slower half, to the reader."""
+    if spec.kind not in READER_MAKES_ROWS:
+        return batch
+    return [_with_rows(run, spec) for run in batch]
+
+
+def _with_rows(run: StoredRun, spec: DatasetSpec) -> StoredRun:
+    if not run.record.steps or not run.content_hash or exclusion_reason(run, spec) is not None:
+        return run  # nothing to make, or a left-out run (already without steps)
+    rows = tuple(run_value_rows(run, spec))
+    return dataclasses.replace(run, record=dataclasses.replace(run.record, steps=[]), value_rows=rows)
 
 
 def _collect_less() -> None:
@@ -503,9 +528,7 @@ def rubric_labels_write(*, runs: list[StoredRun]) -> int:
     return len(rows)
 
 
-_LABEL_COPY = (
-    f"COPY {Label._meta.db_table} (trajectory_id, step_id, name, value, source, version, created_at) FROM STDIN"
-)
+_LABEL_COPY = f"COPY {Label._meta.db_table} (trajectory_id, step_id, name, value, source, version, created_at) FROM STDIN"
 
 
 def _copy_labels(rows: list[tuple[int, int | None, str, bool]]) -> None:

@@ -7,6 +7,7 @@ import gzip
 import json
 import multiprocessing
 import os
+import pickle
 import threading
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from experience.distill.errors import EmptyDatasetError
 from experience.distill.rubric import LABELS, RUBRIC_VERSION, per_step_labels
 from experience.distill.spec import DatasetSpec
+from experience.distill.values import value_rows
 from experience.errors import Conflict, ValidationError
 from experience.models import DatasetVersion, Label, Trajectory
 from experience.records import MessageRecord, StepRecord
@@ -543,3 +545,19 @@ def test_a_reader_whose_parent_is_gone_ends_instead_of_waiting_on_a_full_queue(m
     reader.join(timeout=30)
 
     assert reader.exitcode == 1
+
+
+@pytest.mark.django_db
+def test_the_reader_hands_over_a_value_sets_rows_instead_of_steps_and_other_kinds_whole():
+    store_tasks(TASKS[:2], good=1, bad=1)
+    spec = datasets.spec_for(kind="value")
+    runs = list(dataset_source.source_runs(spec))
+
+    handed = pickle.loads(pickle.dumps(datasets._handed_over(runs, spec)))
+
+    assert len(handed) == len(runs) == 4
+    assert all(run.record.steps == [] and run.value_rows for run in handed)
+    assert [run.content_hash for run in handed] == [run.content_hash for run in runs]
+    assert list(value_rows(handed, spec)) == list(value_rows(runs, spec))
+    outcome = datasets.spec_for(kind="outcome")
+    assert datasets._handed_over(runs, outcome) is runs  # the builder makes those rows from the steps
