@@ -70,6 +70,7 @@ READ_ASIDE = True
 READ_AHEAD_BATCHES = 2
 READER_PATIENCE_S = 5.0  # how often a reader with a full queue checks that its parent is alive
 READER_GC_THRESHOLD = 50_000  # allocations between the reader's young collections (see `_collect_less`)
+BUILD_GC_THRESHOLD = 50_000  # the same, in the builder while a build runs (see `_collector_relaxed`)
 # Kinds whose rows the reader process makes too, handing over rows rather than steps (`_handed_over`):
 # where the work splits between the two processes. Empty: the reader hands over whole runs.
 READER_MAKES_ROWS = frozenset({"value"})
@@ -282,9 +283,10 @@ def _build_files(version: DatasetVersion) -> dict[str, Any]:
     shutil.rmtree(final, ignore_errors=True)  # left by a builder that died after its rename
     progress = Progress(show=_show_progress(version.pk))
     try:
-        manifest = distill(
-            _labelled(spec, progress), spec, out_dir=scratch, curation_version=curation_version()
-        )
+        with _collector_relaxed():
+            manifest = distill(
+                _labelled(spec, progress), spec, out_dir=scratch, curation_version=curation_version()
+            )
         manifest["store"] = {"runs_read": progress.runs, "steps_read": progress.steps}
         (scratch / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True))
         scratch.rename(final)
@@ -435,6 +437,32 @@ def _collector_paused() -> Iterator[None]:
             _pauses -= 1
             if _pauses == 0 and _collector_was_enabled:
                 gc.enable()
+
+
+_relaxed = 0  # builds in this process running with the raised threshold now
+_threshold_before: tuple[int, int, int] = (700, 10, 10)
+
+
+@contextmanager
+def _collector_relaxed() -> Iterator[None]:
+    """Young collections every BUILD_GC_THRESHOLD allocations instead of 700 while any build in this
+    process runs; the threshold found before the first is restored after the last. A build allocates
+    millions of short-lived, acyclic objects (rows, JSON lines, Parquet columns) that reference counting
+    frees, yet each 700 allocations started a collection, the older ones walking the rows a Parquet row
+    group holds: 1.5 CPU-s per 100,000 steps, against 0.1 s with the raised threshold."""
+    global _relaxed, _threshold_before
+    with _pause_guard:
+        if _relaxed == 0:
+            _threshold_before = gc.get_threshold()
+            gc.set_threshold(BUILD_GC_THRESHOLD, *_threshold_before[1:])
+        _relaxed += 1
+    try:
+        yield
+    finally:
+        with _pause_guard:
+            _relaxed -= 1
+            if _relaxed == 0:
+                gc.set_threshold(*_threshold_before)
 
 
 _PARENT_CONNECTIONS: list[Any] = []  # in a reader process: the parent's connections, never to be closed

@@ -561,3 +561,30 @@ def test_the_reader_hands_over_a_value_sets_rows_instead_of_steps_and_other_kind
     assert list(value_rows(handed, spec)) == list(value_rows(runs, spec))
     outcome = datasets.spec_for(kind="outcome")
     assert datasets._handed_over(runs, outcome) is runs  # the builder makes those rows from the steps
+
+
+def test_the_builders_young_collections_are_rare_while_any_build_runs_and_restored_after_the_last():
+    before = gc.get_threshold()
+    with datasets._collector_relaxed():
+        with datasets._collector_relaxed():
+            assert gc.get_threshold() == (datasets.BUILD_GC_THRESHOLD, *before[1:])
+        assert gc.get_threshold()[0] == datasets.BUILD_GC_THRESHOLD, "another build is still running"
+    assert gc.get_threshold() == before
+
+
+@pytest.mark.django_db
+def test_a_build_makes_its_rows_with_the_raised_collection_threshold(monkeypatch):
+    store_tasks(TASKS[:1], good=1, bad=1)
+    seen = []
+    real_labelled = datasets._labelled
+
+    def watched(spec, progress):
+        seen.append(gc.get_threshold()[0])
+        yield from real_labelled(spec, progress)
+
+    monkeypatch.setattr(datasets, "_labelled", watched)
+    before = gc.get_threshold()
+
+    assert build(name="relaxed").status == "ready"
+
+    assert seen == [datasets.BUILD_GC_THRESHOLD] and gc.get_threshold() == before
