@@ -7,7 +7,8 @@ JSONL.gz and one Parquet file per split under `TROVE_DATASET_DIR/<dataset name>/
 the manifest. The filters are `dataset_source`'s (task sets, models, harnesses, sources, outcome,
 curation, dates, tags). Outside a transaction on Postgres the reading (store, records, rubric, labels)
 runs in a forked reader process that hands batches over a bounded queue, so reading and writing use two
-cores (`_read_aside`).
+cores (`_read_aside`); for the kinds in READER_MAKES_ROWS the reader makes the rows too and hands over
+rows instead of steps (`_handed_over`), so moving work between the two halves is one setting.
 
 Versions are immutable: a build writes into a scratch directory and renames it into place only when the
 manifest is complete, and a ready version is never built again (a rebuild is a new version). A spec
