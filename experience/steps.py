@@ -17,6 +17,9 @@ delta names the base step by its primary key, which never changes (seq does: ste
 arrives late), and a base always has a smaller id than the steps that extend it. Readers turn deltas back
 into full lists with `full_contexts` (given every base: whole runs) or `experience.services.stored.
 step_contexts` (any rows: fetches the missing bases in one query); everything downstream sees full lists.
+The dataset read path goes the other way first: it reads every context of whole runs as a delta where it
+extends an earlier one (`contexts_as_deltas`), so each digest is fetched and looked up once, and rebuilds
+the message lists from those (`ContextMessages.contexts`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -239,7 +242,7 @@ def _shared_prefix(base: list[str], digests: list[str]) -> int:
     return n
 
 
-def is_context_delta(value: Any) -> bool:
+def is_context_delta(value: Any) -> TypeGuard[dict[str, Any]]:
     return isinstance(value, dict)
 
 
@@ -310,43 +313,110 @@ def refs_with_full_contexts(step_ids: Sequence[int], refs: Sequence[dict[str, An
     ]
 
 
+def contexts_as_deltas(
+    step_ids: Sequence[int], refs: Sequence[Mapping[str, Any]]
+) -> dict[int, list[str] | dict[str, Any]]:
+    """The contexts among rows (step ids and blob_refs in the same order), by step id, each full list that
+    shares a prefix with the full list before it (an earlier step: a run's context grows) turned into a
+    delta on that one, as ingest's bulk path stores them. Read this way, a run's contexts name each digest
+    once: what they share is neither fetched nor looked up again (`ContextMessages.contexts`)."""
+    contexts: dict[int, list[str] | dict[str, Any]] = {}
+    last_id, last = 0, None  # the last full list seen
+    for step_id, step_refs in zip(step_ids, refs, strict=True):
+        value = step_refs.get(CONTEXT)
+        if value is None:
+            continue
+        if not is_context_delta(value):
+            full = value
+            if last is not None and last_id < step_id:  # a base has a smaller id (see full_contexts)
+                value = context_delta(last_id, last, full)
+            last_id, last = step_id, full
+        contexts[step_id] = value
+    return contexts
+
+
+class ContextMessages(dict[str, MessageRecord]):
+    """Context messages by digest, each parsed from `blobs` once and shared by every model call whose context
+    holds it, as importers share them (the inverse of `BlobSink.put_messages`). The records are read-only
+    downstream. A dict, so a known message is a plain lookup."""
+
+    def __init__(self, blobs: Mapping[str, bytes]) -> None:
+        super().__init__()
+        self._blobs = blobs
+
+    def __missing__(self, digest: str) -> MessageRecord:
+        message = self[digest] = MessageRecord(**json_loads(self._blobs[digest]))
+        return message
+
+    def contexts(self, stored: Mapping[int, list[str] | dict[str, Any]]) -> dict[int, list[MessageRecord]]:
+        """Each context's messages by step id, from contexts as stored (full lists or deltas, whose bases
+        must be among them: whole runs), each in a list of its own. A delta copies its base's messages
+        and looks up only those it appends: linear in the messages the contexts add."""
+        built: dict[int, list[MessageRecord]] = {}
+        for step_id in sorted(stored):  # ascending: a base has a smaller id, so it is built first
+            value = stored[step_id]
+            if is_context_delta(value):
+                base = built.get(value["extends"])
+                if base is None:
+                    raise KeyError(f"step {step_id}: the context it extends (step {value['extends']}) was not given")
+                messages = base[: value["keep"]]
+                messages += [self[digest] for digest in value["append"]]
+            else:
+                messages = [self[digest] for digest in value]
+            built[step_id] = messages
+        return built
+
+
+def json_loads(text: str | bytes) -> Any:
+    """JSON text parsed by orjson (several times faster on the read paths, which parse every step row and
+    context message), or by json for what orjson refuses and json reads (lone surrogate escapes, NaN)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
+
+
 def step_record_from_parts(
-    *, kind: str, payload: dict[str, Any], blob_refs: dict[str, Any], blobs: dict[str, bytes],
-    messages: Mapping[str, MessageRecord] | None = None, own_payload: bool = False, **columns: Any
+    *, kind: str, payload: dict[str, Any], blob_refs: dict[str, Any], blobs: Mapping[str, bytes],
+    context: list[MessageRecord] | None = None, own_payload: bool = False, **columns: Any
 ) -> StepRecord:
     """The inverse of prepare_step: rebuild a StepRecord from a row's fields and its fetched blobs.
 
-    `messages`: context messages by digest, shared by the caller's rows (else parsed from `blobs` here).
+    `context`: the request messages, already rebuilt by the caller (`ContextMessages.contexts`: shared
+    with its other rows); else a context in `blob_refs` is parsed from `blobs` here.
     `own_payload`: the payload dict is the caller's to consume (fresh from a parser), so its fields are taken
     from it in place instead of from a copy."""
     if PAYLOAD_BLOB in blob_refs:
         payload = json.loads(blobs[blob_refs[PAYLOAD_BLOB]])
     elif not own_payload:
         payload = dict(payload)
-    texts = {name: payload.pop(name, None) for name in TEXT_FIELDS}
-    for name in TEXT_FIELDS:
-        if name in blob_refs:
-            texts[name] = decode_text(blobs[blob_refs[name]])
-    request_messages = None
-    if CONTEXT in blob_refs:
-        if is_context_delta(blob_refs[CONTEXT]):
-            raise ValueError("a context stored as a delta: resolve it first (full_contexts, stored.step_contexts)")
-        digests = blob_refs[CONTEXT]
-        request_messages = ([messages[h] for h in digests] if messages is not None
-                            else [MessageRecord(**json.loads(blobs[h])) for h in digests])
-    response_json = json.loads(blobs[blob_refs["response_json"]]) if "response_json" in blob_refs else None
-    named = {name: payload.pop(name, None) for name in NAMED_FIELDS}
+    take = payload.pop
+    # TEXT_FIELDS and NAMED_FIELDS each by name, not through dicts of them: this runs for every step read.
+    text, output, response_text = take("text", None), take("output", None), take("response_text", None)
+    request_messages, response_json = context, None
+    if blob_refs:  # most steps (short commands, messages) refer to no blob at all
+        if "text" in blob_refs:
+            text = decode_text(blobs[blob_refs["text"]])
+        if "output" in blob_refs:
+            output = decode_text(blobs[blob_refs["output"]])
+        if "response_text" in blob_refs:
+            response_text = decode_text(blobs[blob_refs["response_text"]])
+        if CONTEXT in blob_refs and context is None:
+            request_messages = _request_messages(blob_refs[CONTEXT], blobs)
+        if "response_json" in blob_refs:
+            response_json = json.loads(blobs[blob_refs["response_json"]])
     return StepRecord(
-        kind=kind,
-        text=texts["text"] or "",
-        output=texts["output"],
-        response_text=texts["response_text"],
-        request_messages=request_messages,
-        response_json=response_json,
-        payload=payload,
-        **named,
-        **columns,
-    )
+        kind=kind, text=text or "", output=output, response_text=response_text,
+        request_messages=request_messages, response_json=response_json, command=take("command", None),
+        tool_calls=take("tool_calls", None), model=take("model", None), latency_ms=take("latency_ms", None),
+        ttft_ms=take("ttft_ms", None), payload=payload, **columns,
+    )  # fmt: skip
+
+
+def _request_messages(digests: Any, blobs: Mapping[str, bytes]) -> list[MessageRecord]:
+    if is_context_delta(digests):
+        raise ValueError("a context stored as a delta: resolve it first (full_contexts, stored.step_contexts)")
+    return [MessageRecord(**json.loads(blobs[h])) for h in digests]
 
 
 def referenced_hashes(blob_refs: dict[str, Any], *, context: bool = True) -> list[str]:

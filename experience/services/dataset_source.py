@@ -23,12 +23,13 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from datetime import time as dt_time
 from typing import Any, NamedTuple
 
-import orjson
+import psycopg
 import zstandard
 from django.db import connection
 from django.db.models import Q, QuerySet
@@ -42,8 +43,11 @@ from experience.errors import ValidationError
 from experience.models import Blob, Step, Trajectory
 from experience.records import MessageRecord, StepRecord, TrajectoryRecord
 from experience.steps import (
+    ContextMessages,
+    contexts_as_deltas,
+    is_context_delta,
+    json_loads,
     referenced_hashes,
-    refs_with_full_contexts,
     step_record_from_parts,
 )
 
@@ -75,7 +79,10 @@ _STEPS_SQL = (
     f"SELECT {', '.join(f'{c}::text' if c in _TEXT_COLUMNS else c for c in STEP_COLUMNS)} "
     f"FROM {Step._meta.db_table} WHERE trajectory_id = ANY(%s) ORDER BY trajectory_id, seq"
 )
-_BLOBS_SQL = f"SELECT sha256, encoding, data FROM {Blob._meta.db_table} WHERE sha256 = ANY(%s)"
+# The hashes as one comma-separated text parameter: psycopg dumps a list element by element, in Python.
+_BLOBS_SQL = f"SELECT sha256, encoding, data FROM {Blob._meta.db_table} WHERE sha256 = ANY(string_to_array(%s, ','))"
+# A step row's columns after its ids (`_STEPS_SQL`), as the run's content hash reads them: str() of each.
+_STEP_TEXT = "\t".join(["%s"] * (len(STEP_COLUMNS) - 2))
 # Record fields that come straight from a trajectory column of the same name.
 _RECORD_COLUMNS = (
     "source", "source_format", "source_version", "source_ref", "task_set", "task_key", "instruction",
@@ -272,17 +279,23 @@ class _Fetched(NamedTuple):
     trajectory_ids: list[int]
     rows: list[tuple]  # `_step_rows`
     refs: list[dict[str, Any]]  # each row's blob_refs, parsed
+    contexts: dict[int, list[str] | dict[str, Any]]  # `contexts_as_deltas`: by step id
     blobs: dict[str, bytes]
 
 
 def _fetch(trajectory_ids: list[int]) -> _Fetched:
     """The database half of a batch: step rows and the blobs they refer to, in one query each."""
     if not trajectory_ids:
-        return _Fetched([], [], [], {})
+        return _Fetched([], [], [], {}, {})
     rows = _step_rows(trajectory_ids)
-    refs = refs_with_full_contexts([row[0] for row in rows], [_loads(row[13]) for row in rows])  # whole runs
-    blobs = _blobs(h for step_refs in refs for h in referenced_hashes(step_refs))
-    return _Fetched(trajectory_ids, rows, refs, blobs)
+    refs = [json_loads(row[13]) for row in rows]
+    contexts = contexts_as_deltas([row[0] for row in rows], refs)  # whole runs: every base is here
+    hashes: set[str] = set()
+    for step_refs in refs:
+        hashes.update(referenced_hashes(step_refs, context=False))
+    for context in contexts.values():
+        hashes.update(context["append"] if is_context_delta(context) else context)
+    return _Fetched(trajectory_ids, rows, refs, contexts, _blobs(hashes))
 
 
 class _Fetcher:
@@ -324,11 +337,11 @@ class _StepRow(NamedTuple):
 
 def _steps_of(fetched: _Fetched) -> dict[int, list[_StepRow]]:
     """The fetched runs' steps, rebuilt as StepRecords, in seq order, per run."""
-    messages = _MessageCache(fetched.blobs)
+    contexts = ContextMessages(fetched.blobs).contexts(fetched.contexts)
     grouped: dict[int, list[_StepRow]] = {trajectory_id: [] for trajectory_id in fetched.trajectory_ids}
     for row, refs in zip(fetched.rows, fetched.refs, strict=True):
-        text = "\t".join(map(str, row[2:]))
-        grouped[row[1]].append(_StepRow(row[0], _step_record(row, refs, fetched.blobs, messages), text))
+        record = _step_record(row, refs, fetched.blobs, contexts.get(row[0]))
+        grouped[row[1]].append(_StepRow(row[0], record, _STEP_TEXT % row[2:]))
     return grouped
 
 
@@ -340,8 +353,8 @@ def _step_rows(trajectory_ids: list[int]) -> list[tuple]:
     content hash reads as it is. Elsewhere (SQLite, the embedded default) the ORM, rendering the same text.
     """
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(_STEPS_SQL, [trajectory_ids])
+        with _binary_cursor() as cursor:
+            cursor.execute(_STEPS_SQL, [trajectory_ids], binary=True)
             return cursor.fetchall()
     rows = (
         Step.objects.filter(trajectory_id__in=trajectory_ids)
@@ -360,21 +373,32 @@ def _json_text(value: Any) -> str:
 
 
 def _blobs(hashes: Iterable[str]) -> dict[str, bytes]:
-    """Blob contents by hash, BLOB_QUERY hashes a query (`= ANY(array)` on Postgres)."""
-    wanted = list(dict.fromkeys(hashes))
+    """Blob contents by hash, BLOB_QUERY distinct hashes a query (`= ANY(array)` on Postgres)."""
+    wanted = list(set(hashes))
     found: dict[str, bytes] = {}
     postgres = connection.vendor == "postgresql"
     size = BLOB_QUERY if postgres else SQLITE_BLOB_QUERY
-    with connection.cursor() as cursor:
-        for start in range(0, len(wanted), size):
-            chunk = wanted[start : start + size]
-            if postgres:
-                cursor.execute(_BLOBS_SQL, [chunk])
+    for start in range(0, len(wanted), size):
+        chunk = wanted[start : start + size]
+        rows: Iterable[tuple[Any, ...]]
+        if postgres:
+            with _binary_cursor() as cursor:
+                cursor.execute(_BLOBS_SQL, [",".join(chunk)], binary=True)
                 rows = cursor.fetchall()
-            else:
-                rows = Blob.objects.filter(sha256__in=chunk).values_list("sha256", "encoding", "data")
-            found.update((digest, _decoded(encoding, data)) for digest, encoding, data in rows)
+        else:
+            rows = Blob.objects.filter(sha256__in=chunk).values_list("sha256", "encoding", "data")
+        found.update((digest, _decoded(encoding, data)) for digest, encoding, data in rows)
     return found
+
+
+@contextmanager
+def _binary_cursor() -> Iterator[psycopg.Cursor]:
+    """psycopg's own cursor on this thread's connection: Django's is a client-side cursor, which quotes
+    parameters into the statement and cannot fetch in binary (bytea as its bytes rather than as hex text,
+    numbers unparsed). Text columns come back as the same str either way."""
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cursor:
+        yield cursor
 
 
 def _decoded(encoding: str, data: bytes | memoryview) -> bytes:
@@ -382,42 +406,16 @@ def _decoded(encoding: str, data: bytes | memoryview) -> bytes:
     return _zstd.decompress(raw) if encoding == "zstd" else raw
 
 
-class _MessageCache(dict):
-    """Each context message of a batch parsed once and shared by every model call whose context holds it.
-
-    A run's context grows by a message or two per call, so rebuilding each call's context on its own
-    parses O(calls^2) messages; sharing parses each distinct message once, as importers share them. The
-    records are read-only downstream. A dict, so a hit is a plain lookup: there are O(calls^2) of them.
-    """
-
-    def __init__(self, blobs: Mapping[str, bytes]) -> None:
-        super().__init__()
-        self._blobs = blobs
-
-    def __missing__(self, digest: str) -> MessageRecord:
-        message = self[digest] = MessageRecord(**_loads(self._blobs[digest]))
-        return message
-
-
 def _step_record(
-    row: tuple, refs: dict[str, Any], blobs: dict[str, bytes], messages: _MessageCache
+    row: tuple, refs: dict[str, Any], blobs: dict[str, bytes], context: list[MessageRecord] | None
 ) -> StepRecord:
-    """A StepRecord from a `_STEPS_SQL` row, its context messages from the batch's shared cache; the payload,
+    """A StepRecord from a `_STEPS_SQL` row and its context as the batch rebuilt it (`_steps_of`); the payload,
     fresh from the parser, is the record's own."""
     return step_record_from_parts(
-        kind=row[3], payload=_loads(row[12]), blob_refs=refs, blobs=blobs, messages=messages, own_payload=True,
+        kind=row[3], payload=json_loads(row[12]), blob_refs=refs, blobs=blobs, context=context, own_payload=True,
         started_at=_moment(row[4]), ended_at=_moment(row[5]), duration_ms=row[6], tokens_in=row[7],
         tokens_out=row[8], exit_code=row[9], is_error=row[10], call_id=row[11],
     )  # fmt: skip
-
-
-def _loads(text: str | bytes) -> Any:
-    """JSON text parsed by orjson (several times faster on this path, which parses every step row and
-    context message), or by json for what orjson refuses and json reads (lone surrogate escapes)."""
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return json.loads(text)
 
 
 def _moment(text: str | None) -> datetime | None:
@@ -456,7 +454,6 @@ def store_content_hash(row: Mapping[str, Any], steps: list[_StepRow]) -> str:
     digest = hashlib.sha256()
     head = {name: row[name] for name in _RECORD_COLUMNS}
     digest.update(json.dumps(head, sort_keys=True, default=str).encode("utf-8", "surrogatepass"))
-    for step in steps:
-        digest.update(b"\n")
-        digest.update(step.text.encode("utf-8", "surrogatepass"))
+    if steps:  # each step row after a newline
+        digest.update("\n".join(["", *(step.text for step in steps)]).encode("utf-8", "surrogatepass"))
     return digest.hexdigest()
