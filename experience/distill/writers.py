@@ -6,20 +6,24 @@ under 1e-4, same value, other spelling: 0.00001 for 1e-05, 1e-7 for 1e-07), enco
 object once: a run's value rows share their context messages, so encoding every row whole would be quadratic
 in the run's length. The same bytes are the JSONL line and what the manifest's row digest hashes.
 
-`JsonlGzWriter` writes one JSON object per line through gzip at level 6 (mtime 0, so the same rows give the
-same bytes), compressing on a thread of its own. Level 6, not 1: on value rows level 1 is only 1.6x cheaper
-but its files are 4x larger (the rows repeat their contexts, which level 6 finds), and the compression runs
-beside the row making anyway. `ParquetRowWriter` buffers at most one row group (`row_group_rows` rows, or
-`max_batch_bytes` of text, whichever comes first) before handing it to pyarrow's ParquetWriter (on a thread
-of its own, as the gzip stream has one: both let go of the GIL while they compress); message lists are built
-as Arrow columns from the distinct messages of the group and `take` indices, not message by message. Both
-are also usable row by row, so one pass over the data can feed several files (a split each, JSONL and
+`JsonlGzWriter` writes one JSON object per line as a standard gzip stream (mtime 0, so the same rows give
+the same bytes) made by ISA-L's igzip (python-isal) at level 2, in the writing thread. The trade-off, on
+the value rows of a 100,000-step store (~600 MB of JSON): zlib level 6 took ~6 CPU-s for a 41x smaller
+file; igzip level 2 takes ~0.5 s for a 14x smaller one (igzip level 3: ~3 s, 35x; zlib-ng level 1:
+~1.1 s, 8x). The JSONL is there to be read anywhere with `gzip`; the compact format is the Parquet file
+(zstd), about a quarter of the JSONL's size.
+
+`ParquetRowWriter` buffers at most one row group (`row_group_rows` rows, or `max_batch_bytes` of text,
+whichever comes first) before handing it to pyarrow's ParquetWriter (on a thread of its own: pyarrow lets
+go of the GIL while it encodes and compresses); message lists are built as Arrow columns from the distinct
+messages of the group and `take` indices, not message by message, and a message that is already what the
+schema stores (declared fields, text where text goes) is handed to pyarrow as it is. Both writers are
+also usable row by row, so one pass over the data can feed several files (a split each, JSONL and
 Parquet) — see `build.distill`.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -32,6 +36,7 @@ from typing import Any, BinaryIO
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
+from isal import igzip
 
 from experience.distill.chat import extends
 from experience.distill.errors import RowShapeError
@@ -39,7 +44,7 @@ from experience.distill.errors import RowShapeError
 Row = Mapping[str, Any]
 DEFAULT_ROW_GROUP_ROWS = 10_000
 DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
-GZIP_LEVEL = 6
+GZIP_LEVEL = 2  # ISA-L's levels run 0 to 3; see the module docstring
 _CHUNK_BYTES = 1024 * 1024
 _SORTED = orjson.OPT_SORT_KEYS
 # Messages an encoder remembers before it starts afresh: far more than one run's context holds.
@@ -58,10 +63,6 @@ def encode_row(row: Row) -> bytes:
     return orjson.dumps(row, option=_SORTED)
 
 
-def _is_message_list(value: Any) -> bool:
-    return type(value) is list and bool(value) and type(value[0]) is dict
-
-
 class RowEncoder:
     """`encode_row` with each distinct message (a dict in a top-level list of dicts) encoded once.
 
@@ -76,10 +77,10 @@ class RowEncoder:
         self._last: dict[str, tuple[tuple[Any, ...], bytes]] = {}  # per key: the last list and its JSON
 
     def encode(self, row: Row) -> bytes:
-        spliced = {
-            key: orjson.Fragment(self._list(key, value)) if _is_message_list(value) else value
-            for key, value in row.items()
-        }
+        spliced = dict(row)
+        for key, value in row.items():
+            if type(value) is list and value and type(value[0]) is dict:
+                spliced[key] = orjson.Fragment(self._list(key, value))
         return orjson.dumps(spliced, option=_SORTED)
 
     def _list(self, key: str, messages: list[Any]) -> bytes:
@@ -88,7 +89,9 @@ class RowEncoder:
             previous, encoded = last
             added = messages[len(previous) :]
             if added:
-                encoded = encoded[:-1] + b"," + b",".join(map(self._fragment, added)) + b"]"
+                # One copy of the grown list: a run's contexts are long, and `a + b + c` copies each time.
+                fragments = b",".join(map(self._fragment, added))
+                encoded = b"".join((memoryview(encoded)[:-1], b",", fragments, b"]"))
         else:
             encoded = b"[" + b",".join(map(self._fragment, messages)) + b"]"
         self._last[key] = (tuple(messages), encoded)
@@ -114,20 +117,17 @@ class JsonlGzWriter:
         self._pending = bytearray()
         self._encoder = RowEncoder()
         self._file: BinaryIO = open(self.path, "wb")
-        self._gzip = gzip.GzipFile(
+        self._gzip = igzip.IGzipFile(
             filename="", mode="wb", fileobj=self._file, mtime=0, compresslevel=compresslevel
         )
-        # zlib lets go of the GIL while it compresses: a thread of its own compresses one chunk while
-        # this one makes the next, on another core. One chunk in flight at most, so memory stays bounded.
-        self._compressor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jsonl-gzip")
-        self._in_flight: Future[int] | None = None
 
     def write(self, row: Row) -> None:
         self.write_line(self._encoder.encode(row))
 
     def write_line(self, line: bytes) -> None:
         """One row already encoded (`RowEncoder.encode`), without its newline."""
-        # Lines are gathered into ~1 MiB chunks: one gzip call per line costs more than the JSON.
+        # Lines are gathered into ~1 MiB chunks: one gzip call per line costs more than the JSON. The
+        # chunks end where the lines make them, so the same rows give the same stream.
         self._pending += line
         self._pending += b"\n"
         self.rows += 1
@@ -136,23 +136,15 @@ class JsonlGzWriter:
 
     def _drain(self) -> None:
         if self._pending:
-            self._wait()
-            self._in_flight = self._compressor.submit(self._gzip.write, self._pending)
+            self._gzip.write(self._pending)
             self._pending = bytearray()
-
-    def _wait(self) -> None:
-        if self._in_flight is not None:
-            self._in_flight.result()
-            self._in_flight = None
 
     def close(self) -> WriteResult:
         """Finish the gzip stream and close; idempotent."""
         if not self._gzip.closed:
             try:
                 self._drain()
-                self._wait()
             finally:
-                self._compressor.shutdown(wait=True)
                 self._gzip.close()
                 self._file.close()
         return WriteResult(str(self.path), self.rows, self.path.stat().st_size)
@@ -210,10 +202,10 @@ class ParquetRowWriter:
         self._batch.append(dict(row))
         if self._check is not None:
             # Checked now, converted (only if pyarrow refuses it as it is) a row group at a time.
-            size = [self._check(row)]
+            size = self._check(row)
             for name, column in self._lists.items():
-                column.add(row.get(name), size)
-            self._batch_bytes += size[0]
+                size += column.add(row.get(name))
+            self._batch_bytes += size
         else:
             self._batch_bytes += approximate_size(row)
         self.rows += 1
@@ -287,11 +279,15 @@ class ParquetRowWriter:
 
 class _ItemListColumn:
     """A list-of-struct column of one row group: its distinct items, converted once each, and per row
-    the items' positions, turned into an Arrow ListArray by `take_all` (which starts the next group)."""
+    the items' positions, turned into an Arrow ListArray by `take_all` (which starts the next group).
+
+    The usual item (a message of declared text fields holding text) is kept as it is, since pyarrow
+    reads it as the converter would write it: only other items go through the converter."""
 
     def __init__(self, type_: pa.ListType, name: str) -> None:
         self._type = type_
         self._convert = _compile(type_.value_type, f"row.{name}[]")
+        self._as_is_size = _as_is_sizer(type_.value_type)
         self._where = f"row.{name}"
         self._clear()
 
@@ -304,12 +300,12 @@ class _ItemListColumn:
         # The last row's list, its items' positions and their size: a run's next context starts with it.
         self._last: tuple[tuple[Any, ...], list[int], int] = ((), [], 0)
 
-    def add(self, value: Any, size: list[int]) -> None:
-        """One row's list (None for null), adding its text size to `size[0]`."""
+    def add(self, value: Any) -> int:
+        """One row's list (None for null); returns its text size."""
         if value is None:
             self._nulls.append(True)
             self._offsets.append(len(self._positions))
-            return
+            return 0
         if not isinstance(value, list | tuple):
             raise RowShapeError(f"{self._where}: expected a list, got {type(value).__name__}")
         previous, positions, text = self._last
@@ -321,17 +317,24 @@ class _ItemListColumn:
         for item in added:
             seen = known.get(id(item))
             if seen is None:
-                item_size = [0]
-                converted = self._convert(item, item_size)
-                seen = known[id(item)] = (item, len(self._items), item_size[0])
-                self._items.append(converted)
+                seen = known[id(item)] = (item, len(self._items), self._keep(item))
             positions.append(seen[1])
             text += seen[2]
         self._last = (tuple(value), positions, text)
         self._positions.extend(positions)
-        size[0] += text + 8
         self._nulls.append(False)
         self._offsets.append(len(self._positions))
+        return text + 8
+
+    def _keep(self, item: Any) -> int:
+        """Add a distinct item to the group's items; returns its text size."""
+        size = self._as_is_size(item)
+        if size is not None:
+            self._items.append(item)
+            return size
+        counted = [0]
+        self._items.append(self._convert(item, counted))
+        return counted[0]
 
     def take_all(self) -> pa.Array:
         items = pa.array(self._items, type=self._type.value_type)
@@ -342,6 +345,33 @@ class _ItemListColumn:
         )
         self._clear()
         return column
+
+
+def _as_is_sizer(type_: pa.DataType) -> Callable[[Any], int | None]:
+    """For a struct of text and scalar fields: a function giving the text size (as its converter counts
+    it) of an item that needs no conversion (a dict of declared fields whose text fields hold text or
+    None), else None. For other types, a function that always says None."""
+    fields = [type_.field(i) for i in range(type_.num_fields)] if pa.types.is_struct(type_) else []
+    if not fields or any(pa.types.is_nested(field.type) for field in fields):
+        return lambda item: None
+    declared = {field.name for field in fields}
+    texts = {field.name for field in fields if pa.types.is_string(field.type)}
+    # The converter counts 8 for the struct and 8 for each scalar field, present or not.
+    fixed = 8 + 8 * (len(fields) - len(texts))
+
+    def as_is_size(item: Any) -> int | None:
+        if type(item) is not dict or not item.keys() <= declared:
+            return None
+        size = fixed
+        for name, value in item.items():
+            if name in texts:
+                if type(value) is str:
+                    size += len(value)
+                elif value is not None:
+                    return None  # JSON to store as text
+        return size
+
+    return as_is_size
 
 
 def write_jsonl_gz(rows: Iterable[Row], path: str | os.PathLike[str]) -> WriteResult:
@@ -404,7 +434,8 @@ def _object_checker(
     """Checks an object's fields (and its nested structs) and returns its approximate text size."""
 
     def check(value: Any) -> int:
-        _check_object(value, known, where)
+        if type(value) is not dict or not value.keys() <= known:
+            _check_object(value, known, where)  # raises, unless another Mapping
         size = 8 * len(value)
         for element in value.values():
             if type(element) is str:

@@ -1,20 +1,23 @@
 import gzip
 import json
-import threading
 import tracemalloc
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from distill_factories import careful_fix, source_run
+from isal import isal_zlib
 
 from experience.distill.errors import RowShapeError
-from experience.distill.schemas import schema_for_kind
+from experience.distill.schemas import MESSAGE, schema_for_kind
 from experience.distill.spec import DatasetSpec
 from experience.distill.values import value_rows
 from experience.distill.writers import (
+    GZIP_LEVEL,
     ParquetRowWriter,
     RowEncoder,
+    _as_is_sizer,
+    _compile,
     conform_row,
     encode_row,
     write_jsonl_gz,
@@ -162,20 +165,16 @@ def test_the_row_encoder_sees_a_list_that_grew_in_place():
     assert encoder.encode({"messages": messages}) == encode_row({"messages": messages})
 
 
-def test_the_jsonl_writer_compresses_on_its_own_thread_at_level_6(tmp_path, monkeypatch):
-    threads = set()
-    real_write = gzip.GzipFile.write
-
-    def watched(self, data):
-        threads.add(threading.current_thread().name)
-        return real_write(self, data)
-
-    monkeypatch.setattr(gzip.GzipFile, "write", watched)
+def test_the_jsonl_file_is_a_standard_gzip_stream_made_by_isa_l_at_the_fast_level(tmp_path):
     write_jsonl_gz(small_rows(10), tmp_path / "a.jsonl.gz")
+    data = (tmp_path / "a.jsonl.gz").read_bytes()
+    lines = b"".join(encode_row(row) + b"\n" for row in small_rows(10))
 
-    header = (tmp_path / "a.jsonl.gz").read_bytes()[:10]
-    assert header[8] == 0  # XFL 0: neither the fastest (1) nor the slowest (9) level: 6, see GZIP_LEVEL
-    assert {name.split("_")[0] for name in threads} == {"jsonl-gzip"}
+    assert gzip.decompress(data) == lines
+    assert data[4:8] == b"\0\0\0\0"  # mtime 0: the same rows give the same bytes
+    deflate = isal_zlib.compressobj(GZIP_LEVEL, isal_zlib.DEFLATED, -15)
+    assert data[10:-8] == deflate.compress(lines) + deflate.flush()  # header and trailer aside
+    assert GZIP_LEVEL == 2
 
 
 def test_parquet_rows_sharing_messages_are_stored_as_the_schema_fits_them_row_by_row(tmp_path):
@@ -203,3 +202,45 @@ def test_parquet_rows_sharing_messages_are_stored_as_the_schema_fits_them_row_by
         ParquetRowWriter(tmp_path / "x.parquet", schema=schema).write(
             rows[0] | {"rubric": {"surprise": True}}
         )
+
+
+def test_messages_taken_as_they_are_and_converted_ones_are_stored_alike_and_checked_alike(tmp_path):
+    schema = pa.schema([("messages", schema_for_kind("value").field("messages").type)])
+    calls = [{"id": "1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]
+    messages = [
+        {"role": "user", "content": "plain text, taken as it is"},
+        {"role": "assistant", "content": None, "tool_calls": calls},  # JSON: converted to text
+        {"role": "tool", "content": "ok", "tool_call_id": "1", "weight": 0},
+        {"role": "assistant", "content": ["parts"]},  # not text: converted
+    ]
+    rows = [{"messages": messages[: n + 1]} for n in range(len(messages))]
+
+    write_parquet(iter(rows), tmp_path / "m.parquet", schema=schema)
+
+    row_by_row = pa.Table.from_pylist([conform_row(row, schema) for row in rows], schema=schema)
+    assert pq.read_table(tmp_path / "m.parquet").to_pylist() == row_by_row.to_pylist()
+    with pytest.raises(RowShapeError, match=r"row.messages\[\]: fields the schema does not declare: mood"):
+        ParquetRowWriter(tmp_path / "x.parquet", schema=schema).write(
+            {"messages": [messages[0], {"role": "user", "content": "hi", "mood": "calm"}]}
+        )
+    with pytest.raises(RowShapeError, match=r"row.messages\[\]: expected an object, got str"):
+        ParquetRowWriter(tmp_path / "y.parquet", schema=schema).write({"messages": ["hi"]})
+
+
+def test_a_message_taken_as_it_is_counts_the_text_size_its_conversion_would():
+    # Row groups are cut by this size: the same rows must make the same groups either way.
+    size_as_is = _as_is_sizer(MESSAGE)
+    convert = _compile(MESSAGE, "m")
+    plain = [
+        {"role": "user", "content": "héllo"},
+        {"role": "tool", "content": "", "name": None},
+        {"weight": 1},
+    ]
+    converted = [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}, {"content": 3}]
+
+    for message in plain:
+        counted = [0]
+        convert(message, counted)
+        assert size_as_is(message) == counted[0]
+    assert [size_as_is(message) for message in converted] == [None, None]
+    assert size_as_is({"role": "user", "extra": "x"}) is None
