@@ -329,19 +329,23 @@ class _Fetcher:
             closed.result()
 
 
-class _StepRow(NamedTuple):
-    id: int
-    record: StepRecord
-    text: str  # the row's columns as Postgres renders them: what the run's content hash reads
+class _RunSteps(NamedTuple):
+    """A run's steps in seq order, as three aligned lists."""
+
+    ids: list[int]
+    records: list[StepRecord]
+    texts: list[str]  # each row's columns as Postgres renders them: what the run's content hash reads
 
 
-def _steps_of(fetched: _Fetched) -> dict[int, list[_StepRow]]:
-    """The fetched runs' steps, rebuilt as StepRecords, in seq order, per run."""
+def _steps_of(fetched: _Fetched) -> dict[int, _RunSteps]:
+    """The fetched runs' steps, rebuilt as StepRecords, per run."""
     contexts = ContextMessages(fetched.blobs).contexts(fetched.contexts)
-    grouped: dict[int, list[_StepRow]] = {trajectory_id: [] for trajectory_id in fetched.trajectory_ids}
+    grouped = {trajectory_id: _RunSteps([], [], []) for trajectory_id in fetched.trajectory_ids}
     for row, refs in zip(fetched.rows, fetched.refs, strict=True):
-        record = _step_record(row, refs, fetched.blobs, contexts.get(row[0]))
-        grouped[row[1]].append(_StepRow(row[0], record, _STEP_TEXT % row[2:]))
+        steps = grouped[row[1]]
+        steps.ids.append(row[0])
+        steps.records.append(_step_record(row, refs, fetched.blobs, contexts.get(row[0])))
+        steps.texts.append(_STEP_TEXT % row[2:])
     return grouped
 
 
@@ -431,29 +435,29 @@ class StoredRun(SourceRun):
     step_ids: tuple[int, ...] = ()
 
 
-def _stored_run(row: Mapping[str, Any], steps: list[_StepRow] | None) -> StoredRun:
+def _stored_run(row: Mapping[str, Any], steps: _RunSteps | None) -> StoredRun:
     """`steps` None: a run the spec leaves out, passed on without steps (and without a content hash)."""
     record = TrajectoryRecord(
-        **{name: row[name] for name in _RECORD_COLUMNS}, steps=[step.record for step in steps or []]
+        **{name: row[name] for name in _RECORD_COLUMNS}, steps=steps.records if steps is not None else []
     )
     return StoredRun(
         trajectory_id=str(row["id"]),
         record=record,
-        content_hash=store_content_hash(row, steps) if steps is not None else "",
+        content_hash=store_content_hash(row, steps.texts) if steps is not None else "",
         curation=row["curation_status"],
         is_duplicate=row["is_duplicate"],
         row_id=row["id"],
-        step_ids=tuple(step.id for step in steps or []),
+        step_ids=tuple(steps.ids) if steps is not None else (),
     )
 
 
-def store_content_hash(row: Mapping[str, Any], steps: list[_StepRow]) -> str:
+def store_content_hash(row: Mapping[str, Any], step_texts: list[str]) -> str:
     """sha256 of a run as stored: its record columns and every step row as Postgres renders it (blobs by
     their hashes, which name their content). Cheaper than hashing the rebuilt record (a context shared by
     50 calls is 50 short references, not 50 copies), and it changes with any change to the run."""
     digest = hashlib.sha256()
     head = {name: row[name] for name in _RECORD_COLUMNS}
     digest.update(json.dumps(head, sort_keys=True, default=str).encode("utf-8", "surrogatepass"))
-    if steps:  # each step row after a newline
-        digest.update("\n".join(["", *(step.text for step in steps)]).encode("utf-8", "surrogatepass"))
+    if step_texts:  # each step row after a newline
+        digest.update("\n".join(["", *step_texts]).encode("utf-8", "surrogatepass"))
     return digest.hexdigest()
