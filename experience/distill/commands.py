@@ -231,6 +231,8 @@ def _shell_intent(command: str) -> CommandIntent:
 
 def _strip_heredocs(command: str) -> str:
     """Drop heredoc bodies: their text is file content, not commands."""
+    if "<<" not in command:
+        return command  # no heredoc starts (the usual command): nothing to drop
     kept: list[str] = []
     delimiter: str | None = None
     for line in command.split("\n"):
@@ -247,6 +249,8 @@ def _strip_heredocs(command: str) -> str:
 
 def _newlines_to_semicolons(text: str) -> str:
     """Newlines outside quotes separate commands; shlex would read them as spaces."""
+    if "\n" not in text:
+        return text  # one line (the usual command): the loop below would copy it unchanged
     out: list[str] = []
     quote: str | None = None
     escaped = False
@@ -507,22 +511,31 @@ def _labels(args: list[str]) -> list[str]:
 
 # --- outputs -------------------------------------------------------------------------------------------
 
-_FAILURE_MARKERS = re.compile(
-    "|".join(
-        (
-            r"Traceback \(most recent call last\)",
-            r"\b[1-9]\d* (?:failed|errors?)\b",  # pytest summary: "1 failed", "2 errors"
-            r"^FAILED\b",  # pytest short summary, unittest "FAILED (failures=1)"
-            r"^(?:FAIL|ERROR):",  # unittest test headers
-            r"^[A-Za-z_.]*(?:Error|Exception): ",  # last line of an uncaught Python exception
-            r"^--- FAIL",  # go test
-            r"test result: FAILED",  # cargo
-            r"^npm ERR!",
-            r"command not found",
-            r"No such file or directory",
-        )
+# Failure markers, by a substring every match of theirs holds: (substring, the markers' expression, or
+# None when the substring is the marker). An output fails when any marker matches.
+_FAILURE_MARKER_PARTS: tuple[tuple[str, str | None], ...] = (
+    ("Traceback (most recent call last)", None),
+    (" failed", r"\b[1-9]\d* failed\b"),  # pytest summary: "1 failed"
+    (" error", r"\b[1-9]\d* errors?\b"),  # "2 errors"
+    (
+        "FAIL",
+        # pytest short summary and unittest "FAILED (failures=1)", a unittest test header, go test, cargo
+        r"^FAILED\b|^FAIL:|^--- FAIL|test result: FAILED",
     ),
-    re.M,
+    ("ERR", r"^ERROR:|^npm ERR!"),  # a unittest test header, npm
+    ("Error: ", r"^[A-Za-z_.]*Error: "),  # the last line of an uncaught Python exception
+    ("Exception: ", r"^[A-Za-z_.]*Exception: "),
+    ("command not found", None),
+    ("No such file or directory", None),
+)
+# The markers as one expression (what `output_shows_failure` answers, which the tests check).
+_FAILURE_MARKERS = re.compile(
+    "|".join(expression or re.escape(hint) for hint, expression in _FAILURE_MARKER_PARTS), re.M
+)
+# Substring tests (fast C scans) rule out most outputs; a marker's expression is tried only on an output
+# that holds its substring. (One expression of all the markers tries each at every position.)
+_FAILURE_CHECKS = tuple(
+    (hint, re.compile(expression, re.M) if expression else None) for hint, expression in _FAILURE_MARKER_PARTS
 )
 _EDIT_REJECTED = re.compile(
     r"Your proposed edit has introduced new syntax error|No replacement was performed|did not appear "
@@ -532,20 +545,15 @@ _EDIT_REJECTED = re.compile(
 _FILE_HEADER = re.compile(r"^\[File: (?P<path>.+?) \(\d+ lines total\)\]", re.M)
 
 
-# Every match of _FAILURE_MARKERS holds one of these: substring tests (fast C scans) rule out most
-# outputs before the expression, whose many alternatives are tried at every position of a long output.
-_FAILURE_HINTS = (
-    "Traceback", " failed", " error", "FAIL", "ERROR:", "Error: ", "Exception: ", "npm ERR!",
-    "command not found", "No such file or directory",
-)  # fmt: skip
-
-
 def output_shows_failure(output: str | None) -> bool:
     """Whether output carries a failure marker: a traceback, a failing test summary, "command not
     found", a missing file."""
-    if not output or not any(hint in output for hint in _FAILURE_HINTS):
+    if not output:
         return False
-    return _FAILURE_MARKERS.search(output) is not None
+    for hint, expression in _FAILURE_CHECKS:
+        if hint in output and (expression is None or expression.search(output) is not None):
+            return True
+    return False
 
 
 def verdict(*, output: str | None, exit_code: int | None, piped: bool) -> bool | None:

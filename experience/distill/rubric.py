@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from experience.distill import commands
-from experience.distill.decisions import decision_points, model_tool_calls
+from experience.distill.decisions import ACTION_KINDS, decision_points, model_tool_calls
 from experience.records import StepRecord, TrajectoryRecord
 
 RUBRIC_VERSION = "rubric-1"
@@ -90,10 +90,10 @@ class _Workspace:
 def step_events(record: TrajectoryRecord) -> list[StepEvents]:
     """Events of every step, aligned with `record.steps`."""
     workspace = _Workspace()
-    standalone_calls = _standalone_model_calls(record)
+    standalone = _StandaloneCalls(record)
     events: list[StepEvents] = []
     for index, step in enumerate(record.steps):
-        intents = _intents(step, index, standalone_calls)
+        intents = _intents(step, index, standalone)
         if intents is None:
             events.append(NO_EVENTS)
             continue
@@ -102,21 +102,42 @@ def step_events(record: TrajectoryRecord) -> list[StepEvents]:
     return events
 
 
+class _StandaloneCalls:
+    """Model calls with no action step of their own: their tool calls are the only trace of the action.
+
+    Most model calls are followed straight by their action step, which settles it without the run's
+    decision points; those are read (once) only for a call that is not."""
+
+    def __init__(self, record: TrajectoryRecord) -> None:
+        self._record = record
+        self._calls: set[int] | None = None
+
+    def include(self, index: int) -> bool:
+        steps = self._record.steps
+        if index + 1 < len(steps) and steps[index + 1].kind in ACTION_KINDS:
+            return False  # the call's own action follows it
+        if self._calls is None:
+            self._calls = _standalone_model_calls(self._record)
+        return index in self._calls
+
+
 def _standalone_model_calls(record: TrajectoryRecord) -> set[int]:
-    """Model calls with no action step of their own: their tool calls are the only trace of the action."""
     return {d.model_call for d in decision_points(record) if d.model_call is not None and not d.actions}
 
 
-def _intents(step: StepRecord, index: int, standalone_calls: set[int]) -> list[commands.CommandIntent] | None:
-    if step.kind == "command":
+def _intents(
+    step: StepRecord, index: int, standalone: _StandaloneCalls
+) -> list[commands.CommandIntent] | None:
+    kind = step.kind
+    if kind == "command":
         return [commands.parse_command(step.command or "")]
-    if step.kind == "tool_call":
+    if kind == "tool_call":
         if step.tool_calls:
             return [_tool_intent(call) for call in step.tool_calls]
         return [commands.parse_command(step.command or "")]
-    if step.kind == "model_call" and index in standalone_calls:
+    if kind == "model_call" and standalone.include(index):
         return [_tool_intent(call) for call in model_tool_calls(step)]
-    if step.kind == "file_change":
+    if kind == "file_change":
         return [_diff_intent(step)]
     return None
 
@@ -161,11 +182,15 @@ def _apply(
     writes: list[Write] = []
     runs: list[TestRun] = []
     for intent in intents:
-        writes.extend(_writes(intent, step, output, workspace))
+        if intent.writes or intent.edits_open_file:
+            writes.extend(_writes(intent, step, output, workspace))
         if intent.opens:
             workspace.open_file = intent.opens
-        runs.extend(_test_runs(intent, step, output, workspace))
+        if intent.tests:
+            runs.extend(_test_runs(intent, step, output, workspace))
     error = step.is_error or _failed_exit(step) or commands.output_shows_failure(output)
+    if not (writes or runs or error):
+        return NO_EVENTS  # most steps: one shared value, which also pickles to a reference
     return StepEvents(writes=tuple(writes), test_runs=tuple(runs), error=error)
 
 
@@ -231,37 +256,28 @@ class RubricState:
     wide_run: bool = False
 
     def fold(self, events: StepEvents) -> RubricState:
-        """The state after one more step. Within a step, writes come before test runs
-        (`sed -i ... && pytest` edits, then tests)."""
-        state = self
-        if events.writes:
-            state = state._after_writes(events.writes)
-        for run in events.test_runs:
-            state = state._after_test_run(run)
-        if events.error:
-            state = replace(state, errors=state.errors + 1)
-        return state
-
-    def _after_writes(self, writes: tuple[Write, ...]) -> RubricState:
-        source = sum(1 for write in writes if write.role == "source")
-        return replace(
-            self,
-            wrote_test_or_repro=self.wrote_test_or_repro or any(w.role in ("test", "repro") for w in writes),
-            test_file_writes=self.test_file_writes + sum(1 for write in writes if write.role == "test"),
-            source_edits=self.source_edits + source,
-            passed_since_last_edit=self.passed_since_last_edit and not source,
-        )
-
-    def _after_test_run(self, run: TestRun) -> RubricState:
-        edited = self.source_edits > 0
-        return replace(
-            self,
-            test_runs=self.test_runs + 1,
-            passed_test_runs=self.passed_test_runs + (run.passed is True),
-            tested_before_first_edit=self.tested_before_first_edit or not edited,
-            tested_since_first_edit=self.tested_since_first_edit or edited,
-            passed_since_last_edit=self.passed_since_last_edit or (edited and run.passed is True),
-            wide_run=self.wide_run or run.wide,
+        """The state after one more step (the same object when the step did nothing). Within a step,
+        writes come before test runs (`sed -i ... && pytest` edits, then tests)."""
+        if not (events.writes or events.test_runs or events.error):
+            return self
+        roles = [write.role for write in events.writes]
+        source_edits = self.source_edits + roles.count("source")
+        edited = source_edits > 0  # when this step's test runs ran
+        runs = events.test_runs
+        passed = sum(1 for run in runs if run.passed is True)
+        return RubricState(
+            wrote_test_or_repro=self.wrote_test_or_repro or "test" in roles or "repro" in roles,
+            test_file_writes=self.test_file_writes + roles.count("test"),
+            source_edits=source_edits,
+            test_runs=self.test_runs + len(runs),
+            passed_test_runs=self.passed_test_runs + passed,
+            errors=self.errors + events.error,
+            tested_before_first_edit=self.tested_before_first_edit or (bool(runs) and not edited),
+            tested_since_first_edit=self.tested_since_first_edit or (bool(runs) and edited),
+            # A source edit in this step unverifies the fix; a run that passes after it verifies it.
+            passed_since_last_edit=(self.passed_since_last_edit and source_edits == self.source_edits)
+            or (edited and passed > 0),
+            wide_run=self.wide_run or any(run.wide for run in runs),
         )
 
 

@@ -27,12 +27,10 @@ _NEEDS_SHLEX = re.compile(r"[\\#]")
 # shlex's words when none of those occurs: runs of its punctuation characters, runs of anything else
 # that is not its whitespace.
 _PLAIN_WORD = re.compile(r"[();<>|&]+|[^ \t\r\n();<>|&]+")
-# With quotes but no escape or comment: whitespace, a punctuation run, a word (unquoted characters and
-# whole quoted strings), or a quote that is never closed (the last alternative: shlex refuses the text).
-_QUOTED_TOKEN = re.compile(
-    r"""(?P<space>[ \t\r\n]+)|(?P<punct>[();<>|&]+)"""
-    r"""|(?P<word>(?:[^ \t\r\n();<>|&'"]|'[^']*'|"[^"]*")+)|(?P<unclosed>['"])"""
-)
+# With quotes but no escape or comment: a punctuation run, a word (unquoted characters and whole quoted
+# strings), or a quote that is never closed (a token of its own, which no word can be: shlex refuses the
+# text). Whitespace separates them and is not a token.
+_QUOTED_TOKEN = re.compile(r"""[();<>|&]+|(?:[^ \t\r\n();<>|&'"]|'[^']*'|"[^"]*")+|['"]""")
 _QUOTED = re.compile(r"'([^']*)'|\"([^\"]*)\"")
 
 
@@ -54,19 +52,24 @@ def _cached_words(text: str) -> tuple[str, ...]:
 
 def _quoted_words(text: str) -> tuple[str, ...] | None:
     """shlex's words of a text with quotes but no escape or comment; None if a quote is never closed."""
-    words: list[str] = []
-    for token in _QUOTED_TOKEN.finditer(text):
-        kind = token.lastgroup
-        if kind == "word":
-            words.append(_QUOTED.sub(_unquoted, token[0]))
-        elif kind == "punct":
-            words.append(token[0])
-        elif kind == "unclosed":
-            return None
-    return tuple(words)
+    tokens = _QUOTED_TOKEN.findall(text)
+    if "'" in tokens or '"' in tokens:
+        return None
+    return tuple(_unquoted(token) for token in tokens)
 
 
-def _unquoted(quoted: re.Match[str]) -> str:
+def _unquoted(word: str) -> str:
+    """A word with each quoted string replaced by its text."""
+    single, double = "'" in word, '"' in word
+    if single and double:
+        return _QUOTED.sub(_quoted_text, word)  # one kind may be inside the other's string
+    # With one kind of quote, every one of them opens or closes a string.
+    if single:
+        return word.replace("'", "")
+    return word.replace('"', "") if double else word
+
+
+def _quoted_text(quoted: re.Match[str]) -> str:
     return quoted[1] if quoted[1] is not None else quoted[2]
 
 

@@ -1,3 +1,6 @@
+import random
+import re
+
 import pytest
 
 from experience.distill import commands
@@ -169,3 +172,27 @@ def test_a_command_is_parsed_once_and_its_intent_reused():
 def test_output_shows_failure_is_the_failure_markers_expression(output):
     # The substring hints that skip the expression never skip a match.
     assert output_shows_failure(output) is (commands._FAILURE_MARKERS.search(output) is not None)
+    assert output_shows_failure(output) is (FAILURE_MARKERS.search(output) is not None)
+
+
+# The failure markers as documented: one expression of all of them.
+FAILURE_MARKERS = re.compile(
+    r"Traceback \(most recent call last\)|\b[1-9]\d* (?:failed|errors?)\b|^FAILED\b|^(?:FAIL|ERROR):"
+    r"|^[A-Za-z_.]*(?:Error|Exception): |^--- FAIL|test result: FAILED|^npm ERR!|command not found"
+    r"|No such file or directory",
+    re.M,
+)
+
+
+def test_output_shows_failure_matches_the_markers_on_random_outputs():
+    # Pieces of every marker and of near misses, shuffled into many outputs.
+    pieces = [
+        "Traceback (most recent call last)", "Traceback (most", "1", "0", "12", "a1", " failed", " error",
+        " errors", "s", "FAILED", "FAIL", ":", "ERROR", "--- ", "test result: ", "npm ERR!", "npm ER",
+        "Error", "Exception", ": ", "x.y_Z", "command not found", "No such file or directory", "\n", " ",
+        "-", "é", "passed",
+    ]  # fmt: skip
+    chooser = random.Random(3)
+    for _ in range(5000):
+        output = "".join(chooser.choice(pieces) for _ in range(chooser.randint(0, 12)))
+        assert output_shows_failure(output) is (FAILURE_MARKERS.search(output) is not None), output

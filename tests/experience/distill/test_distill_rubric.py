@@ -1,9 +1,19 @@
 from pathlib import Path
 
 import pytest
-from distill_factories import SWE_AGENT_FIXTURES, broken_fix, careful_fix, command, record
+from distill_factories import SWE_AGENT_FIXTURES, broken_fix, careful_fix, command, message, record
 
-from experience.distill.rubric import LABELS, per_step_labels, rubric, run_labels
+from experience.distill.rubric import (
+    LABELS,
+    NO_EVENTS,
+    RubricState,
+    StepEvents,
+    Write,
+    per_step_labels,
+    rubric,
+    run_labels,
+)
+from experience.distill.rubric import TestRun as Run  # not `Test*`: pytest would collect it
 from experience.importers.swe_agent import parse
 from experience.records import StepRecord
 
@@ -135,6 +145,83 @@ def test_errors_and_test_runs_are_counted_in_the_state():
 
     assert (state.test_runs, state.passed_test_runs, state.source_edits) == (3, 1, 2)
     assert state.errors == 2
+
+
+def pytest_call() -> dict:
+    return {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "bash", "arguments": '{"command": "pytest"}'},
+    }
+
+
+@pytest.mark.parametrize(
+    ("steps", "test_runs"),
+    [
+        # The call's action step records the run: its tool calls are not a second one.
+        ([StepRecord(kind="model_call", tool_calls=[pytest_call()]), command("pytest", "1 passed")], 1),
+        # No action step (a proxy-only recording): the call's tool calls are the action.
+        ([StepRecord(kind="model_call", tool_calls=[pytest_call()])], 1),
+        (
+            [
+                StepRecord(kind="model_call", tool_calls=[pytest_call()]),
+                StepRecord(kind="observation", text="1 passed"),
+                StepRecord(kind="model_call", response_text="done"),
+            ],
+            1,
+        ),
+        (
+            [
+                StepRecord(kind="model_call", tool_calls=[pytest_call()]),
+                message("user", "go on"),
+                command("ls"),
+            ],
+            0,
+        ),
+        # A failed call decided nothing, whatever it carries.
+        ([StepRecord(kind="model_call", tool_calls=[pytest_call()], is_error=True)], 0),
+    ],
+)
+def test_a_model_calls_tool_calls_are_its_action_only_when_no_action_step_follows(steps, test_runs):
+    assert rubric(record(steps)).final_state.test_runs == test_runs
+
+
+def test_steps_that_change_nothing_share_the_empty_events_and_the_state_before_them():
+    scored = rubric(record([command("ls", "a.py"), command("pytest", "1 passed"), command("cat a.py", "x")]))
+
+    assert scored.events[0] is NO_EVENTS and scored.events[2] is NO_EVENTS
+    assert scored.states[0] == RubricState()
+    assert scored.states[2] is scored.states[1] and scored.states[1].test_runs == 1
+
+
+def test_a_step_folds_its_writes_before_its_test_runs():
+    state = RubricState().fold(
+        StepEvents(
+            writes=(
+                Write("src/a.py", "source"),
+                Write("tests/test_a.py", "test"),
+                Write("src/b.py", "source"),
+            ),
+            test_runs=(Run("pytest", wide=False, passed=False), Run("pytest", wide=True, passed=True)),
+            error=True,
+        )
+    )
+
+    assert state == RubricState(
+        wrote_test_or_repro=True,
+        test_file_writes=1,
+        source_edits=2,
+        test_runs=2,
+        passed_test_runs=1,
+        errors=1,
+        tested_before_first_edit=False,
+        tested_since_first_edit=True,
+        passed_since_last_edit=True,
+        wide_run=True,
+    )
+    # A later source edit unverifies the fix; a run before any edit counts as a reproduction.
+    assert not state.fold(StepEvents(writes=(Write("src/c.py", "source"),))).passed_since_last_edit
+    assert RubricState().fold(StepEvents(test_runs=(Run("script", False, None),))).tested_before_first_edit
 
 
 # --- the real SWE-agent runs --------------------------------------------------------------------------
