@@ -43,6 +43,7 @@ from experience.errors import ValidationError
 from experience.models import Blob, Step, Trajectory
 from experience.records import MessageRecord, StepRecord, TrajectoryRecord
 from experience.steps import (
+    CONTEXT,
     ContextMessages,
     contexts_as_deltas,
     is_context_delta,
@@ -288,7 +289,7 @@ def _fetch(trajectory_ids: list[int]) -> _Fetched:
     if not trajectory_ids:
         return _Fetched([], [], [], {}, {})
     rows = _step_rows(trajectory_ids)
-    refs = [json_loads(row[13]) for row in rows]
+    refs = _refs_parsed([row[13] for row in rows])
     contexts = contexts_as_deltas([row[0] for row in rows], refs)  # whole runs: every base is here
     hashes: set[str] = set()
     for step_refs in refs:
@@ -296,6 +297,36 @@ def _fetch(trajectory_ids: list[int]) -> _Fetched:
     for context in contexts.values():
         hashes.update(context["append"] if is_context_delta(context) else context)
     return _Fetched(trajectory_ids, rows, refs, contexts, _blobs(hashes))
+
+
+def _refs_parsed(texts: list[str]) -> list[dict[str, Any]]:
+    """Rows' blob_refs texts (whole runs, in order) parsed. Refs that only hold a context as a full list,
+    whose text is the previous such refs' text with digests added (a run's context grows a message or two
+    a call: in a store of full lists, most of the text read), are parsed for what they add: the same
+    lists, each digest parsed once."""
+    parsed: list[dict[str, Any]] = []
+    head, last = "", None  # the text before the closing `]}` of the last refs holding only a full list
+    for text in texts:
+        refs = _extended(text, head, last) if last is not None else None
+        if refs is None:
+            refs = json_loads(text)
+        context = refs.get(CONTEXT)
+        if len(refs) == 1 and type(context) is list and text.endswith("]}"):
+            head, last = text[:-2], context
+        parsed.append(refs)
+    return parsed
+
+
+def _extended(text: str, head: str, last: list[str]) -> dict[str, Any] | None:
+    """`{CONTEXT: last + added}` when `text` is `head` (`{"request_messages": [...last`), a comma, the
+    added digests and `]}`; else None. Whatever is added must parse, and alone, as the rest of the list."""
+    if not (text.startswith(head) and text.endswith("]}") and text[len(head) : len(head) + 1] == ","):
+        return None
+    try:
+        added = json_loads("[" + text[len(head) + 1 : -2] + "]")
+    except ValueError:
+        return None
+    return {CONTEXT: last + added} if added else None
 
 
 class _Fetcher:
