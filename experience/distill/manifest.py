@@ -104,14 +104,17 @@ class ManifestBuilder:
         self._used.update(ids)
         counts = self._splits[str(row["split"])]
         counts.rows += 1
-        counts.tasks.add(str(row["task_key"]))
+        task_key = str(row["task_key"])
+        counts.tasks.add(task_key)
         counts.trajectories.update(ids)
-        if isinstance(row.get("outcome"), bool):
+        outcome = row.get("outcome")
+        if outcome is True or outcome is False:
             counts.labelled += 1
-            counts.positives += bool(row["outcome"])
-        self._task_rows[str(row["task_key"])] += 1
+            counts.positives += outcome
+        self._task_rows[task_key] += 1
         self._rows += 1
-        self._digest = (self._digest + row_digest(row, encoded)) % _MODULUS
+        # Summed as is, reduced mod 2**256 when read: the sum of a row count's 256-bit digests stays small.
+        self._digest += row_digest(row, encoded)
 
     def wrap(self, rows: Iterable[Row]) -> Iterator[Row]:
         for row in rows:
@@ -123,7 +126,7 @@ class ManifestBuilder:
         digest.update(b"\n")
         for trajectory_id, content_hash in self._sources():
             digest.update(f"{trajectory_id}\t{content_hash}\n".encode())
-        digest.update(self._digest.to_bytes(32, "big"))
+        digest.update((self._digest % _MODULUS).to_bytes(32, "big"))
         digest.update(str(self._rows).encode())
         return digest.hexdigest()
 

@@ -403,10 +403,10 @@ def _row_checker(schema: pa.Schema) -> Callable[[Row], int]:
     """A check of a row's shape against the schema (objects where structs are, no undeclared field, at
     any depth) that returns the row's approximate text size: what `_compile`'s converters check, without
     building a converted copy of the row."""
-    known = set(schema.names)
+    fields = list(schema)
     # Lists of structs are checked as their item columns are built (_ItemListColumn).
-    nested = [(f.name, _checker(f.type, f"row.{f.name}")) for f in schema if pa.types.is_struct(f.type)]
-    return _object_checker(known, nested, "row")
+    nested = [(f.name, _checker(f.type, f"row.{f.name}")) for f in fields if pa.types.is_struct(f.type)]
+    return _object_checker(fields, nested, "row")
 
 
 def _has_struct(type_: pa.DataType) -> bool:
@@ -418,26 +418,26 @@ def _checker(type_: pa.DataType, where: str) -> Callable[[Any], int]:
     if pa.types.is_list(type_):
         item = _checker(type_.value_type, where)
         return lambda value: sum(item(element) for element in value if element is not None) + 8
-    known = {type_.field(i).name for i in range(type_.num_fields)}
-    nested = [
-        (type_.field(i).name, _checker(type_.field(i).type, f"{where}.{type_.field(i).name}"))
-        for i in range(type_.num_fields)
-        if _has_struct(type_.field(i).type)
-    ]
-
-    return _object_checker(known, nested, where)
+    fields = [type_.field(i) for i in range(type_.num_fields)]
+    nested = [(f.name, _checker(f.type, f"{where}.{f.name}")) for f in fields if _has_struct(f.type)]
+    return _object_checker(fields, nested, where)
 
 
 def _object_checker(
-    known: set[str], nested: list[tuple[str, Callable[[Any], int]]], where: str
+    fields: list[pa.Field], nested: list[tuple[str, Callable[[Any], int]]], where: str
 ) -> Callable[[Any], int]:
-    """Checks an object's fields (and its nested structs) and returns its approximate text size."""
+    """Checks an object's fields (and its nested structs) and returns its approximate text size: 8 per
+    field plus the length of its text fields' text. (Text in any other field is refused by pyarrow when
+    the row group is made, so only text fields are read.)"""
+    known = {field.name for field in fields}
+    texts = [field.name for field in fields if pa.types.is_string(field.type)]
 
     def check(value: Any) -> int:
         if type(value) is not dict or not value.keys() <= known:
             _check_object(value, known, where)  # raises, unless another Mapping
         size = 8 * len(value)
-        for element in value.values():
+        for name in texts:
+            element = value.get(name)
             if type(element) is str:
                 size += len(element)
         for name, inner in nested:
