@@ -5,7 +5,10 @@ their row ids), ordered by (task key, id) as `experience.distill` needs them, wi
 store in memory: trajectory rows come through a server-side cursor (`iterator(chunk_size=...)`), and
 their steps and blobs are fetched a batch of runs at a time (RUN_BATCH runs or about STEP_BATCH steps),
 so memory is bounded by the batch, not by the store. Outside a transaction the next batch is fetched
-on a second connection while this one is rebuilt (`_Fetcher`). Runs the spec leaves out (duplicates,
+on a second connection while this one is rebuilt (`_Fetcher`). On Postgres, steps and blobs come through
+psycopg's own cursor, in binary. A model call's context that extends the run's previous one (stored as a
+delta, or as a full list: then seen by its text) is rebuilt from that one, so each message is parsed and
+looked up once per batch (`experience.steps.ContextMessages`). Runs the spec leaves out (duplicates,
 rejected, unfinished, no outcome) are passed on without their steps: the manifest still counts them,
 and nothing reads their steps.
 
@@ -389,7 +392,7 @@ def _step_rows(trajectory_ids: list[int]) -> list[tuple]:
     """
     if connection.vendor == "postgresql":
         with _binary_cursor() as cursor:
-            cursor.execute(_STEPS_SQL, [trajectory_ids], binary=True)
+            cursor.execute(_STEPS_SQL, [trajectory_ids], binary=True, prepare=False)
             return cursor.fetchall()
     rows = (
         Step.objects.filter(trajectory_id__in=trajectory_ids)
@@ -418,7 +421,7 @@ def _blobs(hashes: Iterable[str]) -> dict[str, bytes]:
         rows: Iterable[tuple[Any, ...]]
         if postgres:
             with _binary_cursor() as cursor:
-                cursor.execute(_BLOBS_SQL, [",".join(chunk)], binary=True)
+                cursor.execute(_BLOBS_SQL, [",".join(chunk)], binary=True, prepare=False)
                 rows = cursor.fetchall()
         else:
             rows = Blob.objects.filter(sha256__in=chunk).values_list("sha256", "encoding", "data")
@@ -430,7 +433,9 @@ def _blobs(hashes: Iterable[str]) -> dict[str, bytes]:
 def _binary_cursor() -> Iterator[psycopg.Cursor]:
     """psycopg's own cursor on this thread's connection: Django's is a client-side cursor, which quotes
     parameters into the statement and cannot fetch in binary (bytea as its bytes rather than as hex text,
-    numbers unparsed). Text columns come back as the same str either way."""
+    numbers unparsed). Text columns come back as the same str either way. Statements are run with
+    `prepare=False`: this cursor binds on the server, where psycopg would otherwise prepare a statement
+    run five times, which a transaction-pooling proxy (PgBouncer) may not keep."""
     connection.ensure_connection()
     with psycopg.Cursor(connection.connection) as cursor:
         yield cursor
