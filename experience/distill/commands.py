@@ -38,8 +38,9 @@ _CODE_EXTENSIONS = {
 ROLES = ("test", "repro", "source", "other")
 
 
+@functools.lru_cache(maxsize=16384)
 def path_role(path: str) -> str:
-    """The role of a file from its path alone.
+    """The role of a file from its path alone (cached: runs write and run the same files again).
 
     - `test`: under a test directory (test, tests, testing, __tests__, spec) or named like a test
       (test_*.py, *_test.go, conftest.py, *.spec.ts, ...);
@@ -71,6 +72,7 @@ def same_file(left: str, right: str) -> bool:
     return longer.endswith("/" + shorter.lstrip("/"))
 
 
+@functools.lru_cache(maxsize=16384)
 def _normalise(path: str) -> str:
     path = path.strip().strip("'\"")
     return posixpath.normpath(path) if path else path
@@ -515,8 +517,11 @@ def _labels(args: list[str]) -> list[str]:
 # None when the substring is the marker). An output fails when any marker matches.
 _FAILURE_MARKER_PARTS: tuple[tuple[str, str | None], ...] = (
     ("Traceback (most recent call last)", None),
-    (" failed", r"\b[1-9]\d* failed\b"),  # pytest summary: "1 failed"
-    (" error", r"\b[1-9]\d* errors?\b"),  # "2 errors"
+    # pytest summaries ("1 failed", "2 errors"): a number from 1 that starts a word (`\b[1-9]`, written as
+    # a lookbehind after the first digit so that the expression starts with a character set, which `re`
+    # skips to quickly instead of trying the expression at every position).
+    (" failed", r"[1-9](?<!\w[1-9])\d* failed\b"),
+    (" error", r"[1-9](?<!\w[1-9])\d* errors?\b"),
     (
         "FAIL",
         # pytest short summary and unittest "FAILED (failures=1)", a unittest test header, go test, cargo

@@ -370,7 +370,8 @@ def rubric(record: TrajectoryRecord) -> Rubric:
     states: list[RubricState] = []
     state = RubricState()
     for step in events:
-        state = state.fold(step)
+        if step is not NO_EVENTS:
+            state = state.fold(step)
         states.append(state)
     return Rubric(events=events, states=states)
 

@@ -190,7 +190,7 @@ def test_output_shows_failure_matches_the_markers_on_random_outputs():
         "Traceback (most recent call last)", "Traceback (most", "1", "0", "12", "a1", " failed", " error",
         " errors", "s", "FAILED", "FAIL", ":", "ERROR", "--- ", "test result: ", "npm ERR!", "npm ER",
         "Error", "Exception", ": ", "x.y_Z", "command not found", "No such file or directory", "\n", " ",
-        "-", "é", "passed",
+        "-", "é", "_", "\u0663", "passed",
     ]  # fmt: skip
     chooser = random.Random(3)
     for _ in range(5000):
