@@ -333,6 +333,7 @@ DETECTORS: dict[str, Callable[[RubricState], bool]] = {
     )
 }
 LABELS = tuple(DETECTORS)
+_DETECTOR_FUNCTIONS = tuple(DETECTORS.values())
 
 
 def labels_of(state: RubricState) -> dict[str, bool]:
@@ -363,6 +364,29 @@ class Rubric:
     @property
     def run_labels(self) -> dict[str, bool]:
         return labels_of(self.final_state)
+
+    def label_changes(self) -> list[tuple[str, bool, int | None]]:
+        """(name, final value, the step after which it took that value, or None when it held from the
+        start) of each label, in LABELS order: what the store keeps of a run. One pass, reading only the
+        states that differ from the step before (an unchanged step hands back the same state)."""
+        previous = RubricState()
+        values = _label_values(previous)
+        changed_at: list[int | None] = [None] * len(values)
+        for index, state in enumerate(self.states):
+            if state is previous:
+                continue
+            previous = state
+            current = _label_values(state)
+            if current != values:
+                for position, (before, after) in enumerate(zip(values, current, strict=True)):
+                    if before != after:
+                        changed_at[position] = index
+                values = current
+        return list(zip(LABELS, values, changed_at, strict=True))
+
+
+def _label_values(state: RubricState) -> tuple[bool, ...]:
+    return tuple([detector(state) for detector in _DETECTOR_FUNCTIONS])
 
 
 def rubric(record: TrajectoryRecord) -> Rubric:

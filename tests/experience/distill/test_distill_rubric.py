@@ -224,6 +224,36 @@ def test_a_step_folds_its_writes_before_its_test_runs():
     assert RubricState().fold(StepEvents(test_runs=(Run("script", False, None),))).tested_before_first_edit
 
 
+def label_changes_step_by_step(scored):
+    """The reference: each label's final value and the last step whose labels before and after differ."""
+    changes = []
+    for name in LABELS:
+        changed = [
+            i
+            for i in range(len(scored.states))
+            if scored.labels_before(i)[name] != scored.labels_after(i)[name]
+        ]
+        changes.append((name, scored.run_labels[name], changed[-1] if changed else None))
+    return changes
+
+
+@pytest.mark.parametrize("steps", [careful_fix(), broken_fix(), [], [command("ls")]])
+def test_label_changes_give_each_labels_final_value_and_the_step_it_last_changed_at(steps):
+    scored = rubric(record(steps))
+
+    assert scored.label_changes() == label_changes_step_by_step(scored)
+
+
+def test_label_changes_on_a_fix_that_is_verified_then_broken():
+    changes = {name: (value, at) for name, value, at in rubric(record(broken_fix())).label_changes()}
+
+    # 2 edit, 3 repro passes (verified), 4 edit again (unverified), 5 tests fail
+    assert changes["verified_fix"] == (False, 4)
+    assert changes["edited_source"] == (True, 2)
+    assert changes["ran_repro_before_fix"] == (True, 1)
+    assert changes["ran_wider_suite"] == (False, None)
+
+
 # --- the real SWE-agent runs --------------------------------------------------------------------------
 
 FIX_AND_VERIFY = {
@@ -268,6 +298,8 @@ def test_real_swe_agent_runs_get_the_labels_their_commands_earn(path: Path):
 
     assert true_labels(run_labels(imported)) == EXPECTED[path.name]
     assert set(run_labels(imported)) == set(LABELS)
+    scored = rubric(imported)
+    assert scored.label_changes() == label_changes_step_by_step(scored)
 
 
 def test_pydicom_counts_only_the_edit_that_passed_the_syntax_check_and_is_verified_by_the_rerun():
