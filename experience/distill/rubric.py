@@ -19,6 +19,7 @@ else from failure markers in the output (see `commands.verdict`).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -233,8 +234,14 @@ def _test_runs(
             role = workspace.role_of(test.script or "") or commands.path_role(test.script or "")
             if role not in ("test", "repro"):
                 continue  # running a project file is not a test run
-        runs.append(TestRun(test.runner, test.wide, passed))
+        runs.append(_test_run(test.runner, test.wide, passed))
     return runs
+
+
+@functools.lru_cache(maxsize=256)
+def _test_run(runner: str, wide: bool, passed: bool | None) -> TestRun:
+    """One shared TestRun per value: there are few, and shared ones pickle as references."""
+    return TestRun(runner, wide, passed)
 
 
 # --- folding events into labels ------------------------------------------------------------------------

@@ -55,7 +55,7 @@ def _quoted_words(text: str) -> tuple[str, ...] | None:
     tokens = _QUOTED_TOKEN.findall(text)
     if "'" in tokens or '"' in tokens:
         return None
-    return tuple(_unquoted(token) for token in tokens)
+    return tuple([_unquoted(token) if "'" in token or '"' in token else token for token in tokens])
 
 
 def _unquoted(word: str) -> str:
