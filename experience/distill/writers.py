@@ -44,6 +44,9 @@ from experience.distill.errors import RowShapeError
 Row = Mapping[str, Any]
 DEFAULT_ROW_GROUP_ROWS = 10_000
 DEFAULT_MAX_BATCH_BYTES = 16 * 1024 * 1024
+# A row group's distinct message texts fit well within this (the group's text is capped at
+# DEFAULT_MAX_BATCH_BYTES); past it Parquet would fall back to writing every copy in full.
+_DICTIONARY_PAGE_BYTES = 64 * 1024 * 1024
 GZIP_LEVEL = 2  # ISA-L's levels run 0 to 3; see the module docstring
 _CHUNK_BYTES = 1024 * 1024
 _SORTED = orjson.OPT_SORT_KEYS
@@ -163,7 +166,12 @@ class ParquetRowWriter:
 
     With a schema, each list-of-struct column (a row's messages) is kept as the group's distinct items
     (by identity, as `RowEncoder` does) and per row the positions of its items: each distinct message is
-    converted once, and the column is built by Arrow (`take`), not item by item."""
+    converted once, and the column is built by Arrow, not item by item. Its text fields go to Parquet as
+    dictionary arrays (the group's distinct values, and per message an index): Parquet dictionary-encodes
+    text columns anyway, and handing it the dictionary spares it hashing every copy of a context (a value
+    set repeats each message in every later row of its run: ~600 MB of text per 100,000 steps, where the
+    distinct messages are a few MB). The file is an ordinary Parquet file whose text columns read back as
+    strings: the Arrow schema is not stored in it, so readers see the declared types, not dictionaries."""
 
     def __init__(
         self,
@@ -222,7 +230,7 @@ class ParquetRowWriter:
         finally:
             self._encoder.shutdown(wait=True)
         if self._writer is None and self._schema is not None:
-            self._writer = pq.ParquetWriter(self.path, self._schema, compression="zstd")
+            self._writer = self._open(self._schema)
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -238,17 +246,29 @@ class ParquetRowWriter:
             columns = {name: column.take_all() for name, column in self._lists.items()}
             table = pa.Table.from_arrays(
                 [columns[f.name] if f.name in columns else table[f.name] for f in self._schema],
-                schema=self._schema,
+                schema=_with_dictionary_text(self._schema, self._lists),
             )
         if self._writer is None:
-            self._schema = table.schema
-            self._writer = pq.ParquetWriter(self.path, table.schema, compression="zstd")
+            if self._schema is None:
+                self._schema = table.schema
+            self._writer = self._open(self._schema)
         self._wait()
         self._in_flight = self._encoder.submit(
             self._writer.write_table, table, row_group_size=len(self._batch)
         )
         self._batch = []
         self._batch_bytes = 0
+
+    def _open(self, schema: pa.Schema) -> pq.ParquetWriter:
+        if not self._lists:
+            return pq.ParquetWriter(self.path, schema, compression="zstd")
+        return pq.ParquetWriter(
+            self.path,
+            _with_dictionary_text(schema, self._lists),
+            compression="zstd",
+            store_schema=False,  # so the dictionary columns read back as the strings they hold
+            dictionary_pagesize_limit=_DICTIONARY_PAGE_BYTES,
+        )
 
     def _wait(self) -> None:
         if self._in_flight is not None:
@@ -337,14 +357,59 @@ class _ItemListColumn:
         return counted[0]
 
     def take_all(self) -> pa.Array:
+        """The group's column: a list of the items at each row's positions, text fields as dictionary
+        arrays over the distinct items' values (`_dictionary_struct`)."""
         items = pa.array(self._items, type=self._type.value_type)
-        values = items.take(pa.array(self._positions, type=pa.int32()))
-        mask = pa.array(self._nulls, type=pa.bool_()) if any(self._nulls) else None
-        column = pa.ListArray.from_arrays(
-            pa.array(self._offsets, type=pa.int32()), values, type=self._type, mask=mask
+        positions = pa.array(self._positions, type=pa.int32())
+        values = (
+            _dictionary_struct(items, positions) if pa.types.is_struct(items.type) else items.take(positions)
         )
+        mask = pa.array(self._nulls, type=pa.bool_()) if any(self._nulls) else None
+        column = pa.ListArray.from_arrays(pa.array(self._offsets, type=pa.int32()), values, mask=mask)
         self._clear()
         return column
+
+
+def _dictionary_struct(items: pa.StructArray, positions: pa.Array) -> pa.StructArray:
+    """items.take(positions) with each text field a dictionary array (its distinct values once, and an
+    index per position) rather than a copy of the text at every position. Nulls stay in the indices:
+    Parquet takes no null inside a dictionary."""
+    children = []
+    for index in range(items.type.num_fields):
+        child = items.field(index)
+        if pa.types.is_string(child.type):
+            encoded = child.dictionary_encode()
+            child = pa.DictionaryArray.from_arrays(encoded.indices.take(positions), encoded.dictionary)
+        else:
+            child = child.take(positions)
+        children.append(child)
+    struct_type = _dictionary_text_struct(items.type)
+    return pa.StructArray.from_arrays(
+        children, fields=list(struct_type), mask=items.is_null().take(positions)
+    )
+
+
+def _dictionary_text_struct(type_: pa.StructType) -> pa.StructType:
+    return pa.struct(
+        [
+            pa.field(field.name, pa.dictionary(pa.int32(), field.type), field.nullable)
+            if pa.types.is_string(field.type)
+            else field
+            for field in type_
+        ]
+    )
+
+
+def _with_dictionary_text(schema: pa.Schema, lists: Mapping[str, Any]) -> pa.Schema:
+    """The schema Arrow writes: the item-list columns with their text fields as dictionaries."""
+    return pa.schema(
+        [
+            pa.field(field.name, pa.list_(_dictionary_text_struct(field.type.value_type)), field.nullable)
+            if field.name in lists
+            else field
+            for field in schema
+        ]
+    )
 
 
 def _as_is_sizer(type_: pa.DataType) -> Callable[[Any], int | None]:

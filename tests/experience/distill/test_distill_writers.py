@@ -244,3 +244,27 @@ def test_a_message_taken_as_it_is_counts_the_text_size_its_conversion_would():
         assert size_as_is(message) == counted[0]
     assert [size_as_is(message) for message in converted] == [None, None]
     assert size_as_is({"role": "user", "extra": "x"}) is None
+
+
+def test_message_text_is_written_as_a_dictionary_and_reads_back_as_the_declared_strings(tmp_path):
+    schema = schema_for_kind("value")
+    rows = list(value_rows([source_run("r1", careful_fix())], DatasetSpec(kind="value")))
+    assert len(rows) > 2
+
+    write_parquet(iter(rows), tmp_path / "rows.parquet", schema=schema)
+    stored = pq.read_table(tmp_path / "rows.parquet")
+
+    assert stored.schema.equals(schema)  # strings, not dictionaries: the Arrow schema is not stored
+    assert pq.read_schema(tmp_path / "rows.parquet").metadata is None
+    row_by_row = pa.Table.from_pylist([conform_row(row, schema) for row in rows], schema=schema)
+    assert stored.to_pylist() == row_by_row.to_pylist()
+    names = [message["name"] for row in stored.to_pylist() for message in row["messages"]]
+    assert names and all(name is None for name in names)  # nulls survive as null indices
+    columns = pq.ParquetFile(tmp_path / "rows.parquet").metadata.row_group(0)
+    content = next(
+        columns.column(i)
+        for i in range(columns.num_columns)
+        if columns.column(i).path_in_schema.endswith("content")
+        and columns.column(i).path_in_schema.startswith("messages")
+    )
+    assert content.dictionary_page_offset is not None and "RLE_DICTIONARY" in content.encodings
