@@ -45,7 +45,7 @@ from django.utils import timezone
 
 from experience.distill.build import distill
 from experience.distill.errors import EmptyDatasetError, SpecError
-from experience.distill.rubric import DETECTORS, LABELS, RUBRIC_VERSION
+from experience.distill.rubric import RUBRIC_VERSION
 from experience.distill.selection import exclusion_reason
 from experience.distill.source import CURATION_REJECTED, UNUSABLE_STATUSES, SourceRun
 from experience.distill.spec import DatasetSpec
@@ -571,27 +571,12 @@ def _copy_labels(rows: list[tuple[int, int | None, str, bool]]) -> None:
                             RUBRIC_VERSION, now))  # fmt: skip
 
 
-_DETECTORS = tuple(DETECTORS.values())
-
-
 def _label_rows(run: StoredRun) -> list[tuple[int, int | None, str, bool]]:
-    """(trajectory id, step id, name, value) of a run's labels, in LABELS order."""
-    scored = run.scored
-    previous_state = scored.state_before(0)
-    previous = [detector(previous_state) for detector in _DETECTORS]
-    changed_at: list[int | None] = [None] * len(_DETECTORS)  # the step after which each label last changed
-    for index, state in enumerate(scored.states):
-        if state is previous_state:
-            continue  # a step that changed nothing (the fold hands back the same state)
-        previous_state = state
-        for position, detector in enumerate(_DETECTORS):
-            value = detector(state)
-            if value != previous[position]:
-                previous[position] = value
-                changed_at[position] = index
+    """(trajectory id, step id, name, value) of a run's labels, in LABELS order: each label's final value
+    and the step after which it took it (None when it held from the start)."""
     return [
         (run.row_id, run.step_ids[at] if at is not None else None, name, value)
-        for name, value, at in zip(LABELS, previous, changed_at, strict=True)
+        for name, value, at in run.scored.label_changes()
     ]
 
 
