@@ -261,15 +261,7 @@ def test_the_value_rows_of_a_run_are_those_of_each_context_truncated_alone():
     rows = list(value_rows([source_run("r1", steps)], spec))
 
     assert len(rows) == 8 and rows[-1]["stats"]["context_dropped"] > 0  # the budget cut the late contexts
-    for row, call in zip(rows, steps[::2], strict=True):
-        alone = chat.truncate(
-            [m.as_openai() for m in call.request_messages], 300, instruction=TASK, known_total=call.tokens_in
-        )
-        assert row["messages"] == alone.messages
-        assert (row["stats"]["context_tokens"], row["stats"]["context_dropped"]) == (
-            alone.tokens,
-            alone.dropped,
-        )
+    assert_each_row_is_its_context_cut_alone(rows, steps[::2], 300)
 
 
 def test_the_rows_of_a_run_share_their_context_messages_and_its_rubric_is_made_once():
@@ -359,13 +351,16 @@ def test_value_rows_of_a_growing_request_history_match_rows_made_one_decision_at
 
     rows = list(value_rows([run], spec))
 
-    for row, call in zip(rows, steps[::2], strict=True):
+    assert_each_row_is_its_context_cut_alone(rows, steps[::2], 120)
+    assert rows[3]["messages"][0] is rows[4]["messages"][0]
+
+
+def assert_each_row_is_its_context_cut_alone(rows, calls, budget):
+    """Each row's messages and context stats are what truncating its call's request on its own gives."""
+    for row, call in zip(rows, calls, strict=True):
         alone = chat.truncate(
-            [m.as_openai() for m in call.request_messages], 120, instruction=TASK, known_total=call.tokens_in
+            [m.as_openai() for m in call.request_messages], budget, instruction=TASK, known_total=call.tokens_in
         )
         assert row["messages"] == alone.messages
-        assert (row["stats"]["context_tokens"], row["stats"]["context_dropped"]) == (
-            alone.tokens,
-            alone.dropped,
-        )
-    assert rows[3]["messages"][0] is rows[4]["messages"][0]
+        stats = row["stats"]
+        assert (stats["context_tokens"], stats["context_dropped"]) == (alone.tokens, alone.dropped)
