@@ -36,6 +36,7 @@ import psycopg
 import zstandard
 from django.db import connection
 from django.db.models import Q, QuerySet
+from django.db.models.functions import Collate, Mod
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
@@ -213,11 +214,35 @@ def source_runs(spec: DatasetSpec) -> Iterator[SourceRun]:
         yield from batch
 
 
-def source_run_batches(spec: DatasetSpec, *, progress: Progress | None = None) -> Iterator[list[StoredRun]]:
-    """`source_runs` a batch at a time: at most RUN_BATCH runs or about STEP_BATCH steps."""
+def source_run_batches(
+    spec: DatasetSpec, *, progress: Progress | None = None, share: tuple[int, int] | None = None
+) -> Iterator[list[StoredRun]]:
+    """`source_runs` a batch at a time: at most RUN_BATCH runs or about STEP_BATCH steps.
+
+    `share` (k, n): only the runs whose id is k modulo n, for one of n readers working side by side. Each
+    share comes in store order, so merging the n streams by `store_order` gives the runs `source_runs` gives;
+    the shares are disjoint whatever each reader's snapshot of the store."""
     wanted_tags = spec.filters.get("tags") if connection.vendor != "postgresql" else None
     keep = (lambda row: _tags_match(row["tags"], wanted_tags)) if wanted_tags else None
-    return stored_run_batches(runs_matching(spec.filters), spec, progress=progress, keep=keep)
+    runs = runs_matching(spec.filters)
+    if share is not None:
+        runs = runs.alias(id_share=Mod("id", share[1])).filter(id_share=share[0])
+    return stored_run_batches(runs, spec, progress=progress, keep=keep)
+
+
+def store_order(run: StoredRun) -> tuple[str, int]:
+    """The order runs are read in: by task key (compared as code points, as Python compares strings),
+    then id."""
+    return run.task_key, run.row_id
+
+
+def _store_ordering() -> tuple[Any, str]:
+    """`store_order` in SQL. On Postgres the task key is sorted in the "C" collation (by code point), not
+    the database's, so that streams read side by side can be merged in Python (`store_order`); SQLite's
+    default collation already compares by code point."""
+    if connection.vendor == "postgresql":
+        return Collate("task_key", "C"), "id"
+    return "task_key", "id"
 
 
 def stored_run_batches(
@@ -231,7 +256,7 @@ def stored_run_batches(
     uses get their steps. `keep`: a test on each trajectory row (TRAJECTORY_COLUMNS) made in Python,
     before any step is read, for what SQL here does not say."""
     progress = progress or Progress()
-    columns = trajectories.order_by("task_key", "id").values_list(*TRAJECTORY_COLUMNS)
+    columns = trajectories.order_by(*_store_ordering()).values_list(*TRAJECTORY_COLUMNS)
     # A server-side cursor: trajectory rows arrive RUN_BATCH at a time, never all at once.
     rows: Iterable[dict[str, Any]] = (
         dict(zip(TRAJECTORY_COLUMNS, values, strict=True))

@@ -6,9 +6,10 @@ a batch at a time, never the whole store in memory) into `distill.build.distill`
 JSONL.gz and one Parquet file per split under `TROVE_DATASET_DIR/<dataset name>/<version>/` and returns
 the manifest. The filters are `dataset_source`'s (task sets, models, harnesses, sources, outcome,
 curation, dates, tags). Outside a transaction on Postgres the reading (store, records, rubric, labels)
-runs in a forked reader process that hands batches over a bounded queue, so reading and writing use two
-cores (`_read_aside`); for the kinds in READER_MAKES_ROWS the reader makes the rows too and hands over
-rows instead of steps (`_handed_over`), so moving work between the two halves is one setting.
+runs in READERS forked reader processes, each reading its share of the runs (by id) and handing batches
+over a bounded queue; the builder merges the shares back into store order (`_read_aside`), so reading
+and writing keep two cores busy. For the kinds in READER_MAKES_ROWS the readers make the rows too and
+hand over rows instead of steps (`_handed_over`), so moving work between the halves is one setting.
 
 Versions are immutable: a build writes into a scratch directory and renames it into place only when the
 manifest is complete, and a ready version is never built again (a rebuild is a new version). A spec
@@ -23,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import gzip
+import heapq
 import json
 import logging
 import multiprocessing
@@ -58,6 +60,7 @@ from experience.services.dataset_source import (
     filters_clean,
     runs_matching,
     source_run_batches,
+    store_order,
 )
 
 log = logging.getLogger("trove.datasets")
@@ -68,7 +71,8 @@ MANIFEST_FILE = "manifest.json"
 # Read the store in a process of its own during a build (see `_read_aside`), and how many batches it may
 # have read ahead.
 READ_ASIDE = True
-READ_AHEAD_BATCHES = 2
+READERS = 2  # reader processes, each reading a share of the runs (see `_read_aside`)
+READ_AHEAD_BATCHES = 2  # per reader
 READER_PATIENCE_S = 5.0  # how often a reader with a full queue checks that its parent is alive
 READER_GC_THRESHOLD = 50_000  # allocations between the reader's young collections (see `_collect_less`)
 BUILD_GC_THRESHOLD = 50_000  # the same, in the builder while a build runs (see `_collector_relaxed`)
@@ -306,9 +310,12 @@ def _labelled(spec: DatasetSpec, progress: Progress) -> Iterator[SourceRun]:
         yield from batch
 
 
-def _labelled_batches(spec: DatasetSpec, progress: Progress) -> Iterator[list[StoredRun]]:
-    """The read path's batches, each run's rubric made and each batch's labels written."""
-    for batch in source_run_batches(spec, progress=progress):
+def _labelled_batches(
+    spec: DatasetSpec, progress: Progress, *, share: tuple[int, int] | None = None
+) -> Iterator[list[StoredRun]]:
+    """The read path's batches (of one share of the runs, if given), each run's rubric made and each
+    batch's labels written."""
+    for batch in source_run_batches(spec, progress=progress, share=share):
         scored = [run for run in batch if run.record.steps]
         for run in scored:
             _ = run.scored  # made here, where a reader process has the time for it
@@ -317,48 +324,66 @@ def _labelled_batches(spec: DatasetSpec, progress: Progress) -> Iterator[list[St
 
 
 def _read_aside(spec: DatasetSpec, progress: Progress) -> Iterator[SourceRun]:
-    """`_labelled_batches` run by a forked process on its own database connection, handing this one
-    pickled batches through a bounded queue: reading the store, rebuilding records and the rubric take
-    about as long as making and writing the rows, so the two halves run on two cores. Like the read
-    path's prefetch, only outside a transaction (the reader cannot see what this connection has not
-    committed). An error in the reader is raised here; the reader is ended if this side stops first."""
+    """`_labelled_batches` run by READERS forked processes, each on its own database connection and
+    reading its own share of the runs (by id modulo READERS), handing this one pickled batches through a
+    bounded queue each; the shares are merged back into store order here. Reading the store, rebuilding
+    records, the rubric and (for a value set) the rows cost more than encoding and writing them, so two
+    readers and this writer keep two cores busy. Like the read path's prefetch, only outside a transaction
+    (a reader cannot see what this connection has not committed). An error in a reader is raised here;
+    the readers are ended if this side stops first."""
     context = multiprocessing.get_context("fork")
-    batches: Any = context.Queue(maxsize=READ_AHEAD_BATCHES)
-    reader = context.Process(
-        target=_reader_main, args=(spec, progress.show, batches), name="dataset-reader", daemon=True
-    )
-    reader.start()
+    queues: list[Any] = []
+    readers = []
+    for index in range(READERS):
+        batches: Any = context.Queue(maxsize=READ_AHEAD_BATCHES)
+        reader = context.Process(
+            target=_reader_main,
+            args=(spec, (index, READERS), batches),
+            name=f"dataset-reader-{index}",
+            daemon=True,
+        )
+        queues.append(batches)
+        readers.append(reader)
+    for reader in readers:
+        reader.start()
     try:
-        while True:
-            kind, value = batches.get()
-            if kind == "batch":
-                yield from _unpickled(value)
-            elif kind == "done":
-                progress.runs, progress.steps = value
-                return
-            else:
-                raise value
+        yield from heapq.merge(*(_received(batches, progress) for batches in queues), key=store_order)
     finally:
-        if reader.is_alive():
-            reader.terminate()
-        reader.join()
+        for reader in readers:
+            if reader.is_alive():
+                reader.terminate()
+            reader.join()
 
 
-def _reader_main(spec: DatasetSpec, show: Callable[[int, int], None] | None, batches: Any) -> None:
-    """The reader process: on fresh connections (the inherited ones belong to the parent, whose session
+def _received(batches: Any, progress: Progress) -> Iterator[StoredRun]:
+    """One reader's runs, in store order, counted into `progress` as its batches arrive."""
+    while True:
+        kind, value = batches.get()
+        if kind == "batch":
+            data, runs, steps = value
+            progress.add(runs=runs, steps=steps)
+            yield from _unpickled(data)
+        elif kind == "done":
+            return
+        else:
+            raise value
+
+
+def _reader_main(spec: DatasetSpec, share: tuple[int, int], batches: Any) -> None:
+    """A reader process: on fresh connections (the inherited ones belong to the parent, whose session
     holds the build's lock: they are set aside, never closed, and the process ends with os._exit)."""
     for alias in connections.all():
         _PARENT_CONNECTIONS.append(alias.connection)  # kept alive: closing one would end the parent's
         alias.connection = None
     _collect_less()
-    progress = Progress(show=show)
     parent = os.getppid()
     try:
-        for batch in _labelled_batches(spec, progress):
+        for batch in _labelled_batches(spec, Progress(), share=share):
+            steps = sum(len(run.record.steps) for run in batch)
             # Pickled here, so the parent receives bytes and unpickles them with its collector paused.
             data = pickle.dumps(_handed_over(batch, spec), protocol=pickle.HIGHEST_PROTOCOL)
-            _hand_over(batches, ("batch", data), parent)
-        _hand_over(batches, ("done", (progress.runs, progress.steps)), parent)
+            _hand_over(batches, ("batch", (data, len(batch), steps)), parent)
+        _hand_over(batches, ("done", None), parent)
     except BaseException as error:  # noqa: BLE001 - handed to the parent, which raises it
         _hand_over(batches, ("error", _picklable(error)), parent)
     finally:

@@ -471,9 +471,9 @@ def test_the_reader_process_collects_garbage_rarely_and_leaves_the_builders_coll
     seen = tmp_path / "reader-gc"
     real_batches = datasets._labelled_batches
 
-    def watched(spec, progress):
+    def watched(spec, progress, **options):
         seen.write_text(f"{os.getpid()} {gc.get_threshold()[0]} {gc.get_freeze_count()}")
-        yield from real_batches(spec, progress)
+        yield from real_batches(spec, progress, **options)
 
     monkeypatch.setattr(datasets, "_labelled_batches", watched)
     threshold = gc.get_threshold()
@@ -495,10 +495,10 @@ def test_outside_a_transaction_a_reader_process_reads_the_store_and_the_build_is
     pids = tmp_path / "reader-pids"
     real_batches = datasets._labelled_batches
 
-    def watched(spec, progress):
-        with pids.open("a") as handle:  # a file: the reader is another process
-            handle.write(f"{os.getpid()}\n")
-        yield from real_batches(spec, progress)
+    def watched(spec, progress, share=None):
+        with pids.open("a") as handle:  # a file: the readers are other processes
+            handle.write(f"{os.getpid()} {share}\n")
+        yield from real_batches(spec, progress, share=share)
 
     monkeypatch.setattr(datasets, "_labelled_batches", watched)
     aside = build(name="aside")
@@ -507,8 +507,11 @@ def test_outside_a_transaction_a_reader_process_reads_the_store_and_the_build_is
     monkeypatch.setattr(datasets, "READ_ASIDE", False)
     in_line = build(name="in-line")
 
-    readers = [int(pid) for pid in pids.read_text().split()]
-    assert readers[0] != os.getpid() and readers[1] == os.getpid(), "the first build read in another process"
+    *readers, (last_pid, last_share) = [line.split(" ", 1) for line in pids.read_text().splitlines()]
+    assert len(readers) == datasets.READERS == 2
+    assert {share for _, share in readers} == {"(0, 2)", "(1, 2)"}, "each reader reads its own share"
+    assert len({pid for pid, _ in readers}) == 2 and str(os.getpid()) not in {pid for pid, _ in readers}
+    assert (last_pid, last_share) == (str(os.getpid()), "None"), "the in-line build reads everything here"
     assert aside.status == in_line.status == "ready"
     assert aside.content_hash == in_line.content_hash
     assert aside.manifest["store"] == in_line.manifest["store"] and aside.manifest["store"]["runs_read"] == 9
@@ -521,7 +524,7 @@ def test_outside_a_transaction_a_reader_process_reads_the_store_and_the_build_is
 def test_an_error_in_the_reader_process_fails_the_version_with_that_error(monkeypatch):
     store_tasks(TASKS[:2])
 
-    def broken(spec, progress):
+    def broken(spec, progress, **options):
         raise ValueError("the store is on fire")
         yield
 
