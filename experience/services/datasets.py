@@ -36,7 +36,7 @@ import shutil
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +75,7 @@ READERS = 2  # reader processes, each reading a share of the runs (see `_read_as
 READ_AHEAD_BATCHES = 2  # per reader
 READER_PATIENCE_S = 5.0  # how often a reader with a full queue checks that its parent is alive
 READER_GC_THRESHOLD = 50_000  # allocations between the reader's young collections (see `_collect_less`)
-BUILD_GC_THRESHOLD = 50_000  # the same, in the builder while a build runs (see `_collector_relaxed`)
+BUILD_GC_THRESHOLD = READER_GC_THRESHOLD  # the same, in the builder while a build runs (`_collector_relaxed`)
 # Kinds whose rows the reader process makes too, handing over rows rather than steps (`_handed_over`):
 # where the work splits between the two processes. Empty: the reader hands over whole runs.
 READER_MAKES_ROWS = frozenset({"value"})
@@ -441,54 +441,70 @@ def _unpickled(data: bytes) -> list[StoredRun]:
         return pickle.loads(data)
 
 
-_pause_guard = threading.Lock()
-_pauses = 0  # builds in this process unpickling now (a threads-pool worker runs several)
-_collector_was_enabled = False
+class _ProcessWideSetting:
+    """A process-wide setting held by any number of concurrent builds (a threads-pool worker runs
+    several): `change()` returns what it replaced when the first holder enters, `restore(it)` puts it
+    back when the last one leaves."""
+
+    def __init__(self, change: Callable[[], Any], restore: Callable[[Any], None]) -> None:
+        self._change, self._restore = change, restore
+        self._guard = threading.Lock()
+        self._holders = 0
+        self._before: Any = None
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        with self._guard:
+            if self._holders == 0:
+                self._before = self._change()
+            self._holders += 1
+        try:
+            yield
+        finally:
+            with self._guard:
+                self._holders -= 1
+                if self._holders == 0:
+                    self._restore(self._before)
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
+def _disable_collector() -> bool:
+    enabled = gc.isenabled()
+    gc.disable()
+    return enabled
+
+
+def _enable_collector_if(was_enabled: bool) -> None:
+    if was_enabled:
+        gc.enable()
+
+
+def _raise_collection_threshold() -> tuple[int, int, int]:
+    before = gc.get_threshold()
+    gc.set_threshold(BUILD_GC_THRESHOLD, *before[1:])
+    return before
+
+
+def _set_collection_threshold(threshold: tuple[int, int, int]) -> None:
+    gc.set_threshold(*threshold)
+
+
+_PAUSED = _ProcessWideSetting(_disable_collector, _enable_collector_if)
+_RELAXED = _ProcessWideSetting(_raise_collection_threshold, _set_collection_threshold)
+
+
+def _collector_paused() -> AbstractContextManager[None]:
     """`gc` disabled inside, and enabled again after the last concurrent pause ends if it was enabled
     before the first began (the switch is process-wide)."""
-    global _pauses, _collector_was_enabled
-    with _pause_guard:
-        if _pauses == 0:
-            _collector_was_enabled = gc.isenabled()
-            gc.disable()
-        _pauses += 1
-    try:
-        yield
-    finally:
-        with _pause_guard:
-            _pauses -= 1
-            if _pauses == 0 and _collector_was_enabled:
-                gc.enable()
+    return _PAUSED.held()
 
 
-_relaxed = 0  # builds in this process running with the raised threshold now
-_threshold_before: tuple[int, int, int] = (700, 10, 10)
-
-
-@contextmanager
-def _collector_relaxed() -> Iterator[None]:
+def _collector_relaxed() -> AbstractContextManager[None]:
     """Young collections every BUILD_GC_THRESHOLD allocations instead of 700 while any build in this
     process runs; the threshold found before the first is restored after the last. A build allocates
     millions of short-lived, acyclic objects (rows, JSON lines, Parquet columns) that reference counting
     frees, yet each 700 allocations started a collection, the older ones walking the rows a Parquet row
     group holds: 1.5 CPU-s per 100,000 steps, against 0.1 s with the raised threshold."""
-    global _relaxed, _threshold_before
-    with _pause_guard:
-        if _relaxed == 0:
-            _threshold_before = gc.get_threshold()
-            gc.set_threshold(BUILD_GC_THRESHOLD, *_threshold_before[1:])
-        _relaxed += 1
-    try:
-        yield
-    finally:
-        with _pause_guard:
-            _relaxed -= 1
-            if _relaxed == 0:
-                gc.set_threshold(*_threshold_before)
+    return _RELAXED.held()
 
 
 _PARENT_CONNECTIONS: list[Any] = []  # in a reader process: the parent's connections, never to be closed
