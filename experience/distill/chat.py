@@ -195,7 +195,7 @@ class MessageFacts:
     def __init__(self) -> None:
         self._chars: dict[int, tuple[Message, int]] = {}
         self._holds: dict[tuple[int, str], bool] = {}
-        self._last: _Profile = _Profile((), [], [])
+        self._last = _Profile()
 
     def profile(self, messages: Sequence[Message]) -> tuple[list[int], list[Any]]:
         """(characters, role) of each message."""
@@ -209,7 +209,7 @@ class MessageFacts:
                 return previous
             profile = previous.extended(messages, self)
         else:
-            profile = _Profile((), [], []).extended(messages, self)
+            profile = _Profile().extended(messages, self)
         self._last = profile
         return profile
 
@@ -248,15 +248,14 @@ class MessageFacts:
 class _Profile:
     """The figures `MessageFacts` keeps of one context, each extended by the messages added to it."""
 
-    def __init__(self, messages: tuple[Message, ...], chars: list[int], roles: list[Any]) -> None:
-        self.messages = messages
-        self.chars = chars
-        self.roles = roles
-        self.total_chars = sum(chars)
-        self.plain_tokens = sum(math.ceil(count / CHARS_PER_TOKEN) for count in chars)
+    def __init__(self) -> None:
+        """The empty context's; `extended` gives every other."""
+        self.messages: tuple[Message, ...] = ()
+        self.chars: list[int] = []
+        self.roles: list[Any] = []
+        self.total_chars = 0
+        self.plain_tokens = 0
         self.leading_system = 0  # how many messages from the front are system messages
-        while self.leading_system < len(roles) and roles[self.leading_system] == "system":
-            self.leading_system += 1
         self._task: tuple[str, int | None, int | None] | None = None  # (instruction, task, first user)
 
     def tokens(self, known_total: int | None) -> int:
@@ -269,7 +268,7 @@ class _Profile:
     def extended(self, messages: Sequence[Message], facts: MessageFacts) -> _Profile:
         added = messages[len(self.messages) :]
         chars = [facts.chars(m) for m in added]
-        profile = _Profile.__new__(_Profile)
+        profile = _Profile()
         profile.messages = tuple(messages)
         profile.chars = self.chars + chars
         profile.roles = self.roles + [m.get("role") for m in added]

@@ -140,25 +140,6 @@ def run_outcome_row(run: SourceRun, spec: DatasetSpec) -> Row | None:
     }
 
 
-def decision_context(
-    record: TrajectoryRecord,
-    decision: Decision,
-    entries: list[chat.Entry],
-    entry_steps: list[int],
-    shared: dict[int, chat.Message] | None = None,
-) -> tuple[list[chat.Message], int | None]:
-    """(messages the model saw before deciding, the prompt token count if the call recorded it).
-
-    `shared`: the run's recorded messages as chat messages, by the identity of their record, so
-    decisions whose contexts hold the same message record share one dict."""
-    if decision.model_call is not None:
-        call = record.steps[decision.model_call]
-        if call.request_messages:
-            return _shared_messages(call.request_messages, {} if shared is None else shared), call.tokens_in
-    cut = bisect.bisect_left(entry_steps, decision.first_step)
-    return [entry.message for entry in entries[:cut]], None
-
-
 def _shared_messages(records: list[MessageRecord], shared: dict[int, chat.Message]) -> list[chat.Message]:
     messages = []
     for record in records:
@@ -170,7 +151,8 @@ def _shared_messages(records: list[MessageRecord], shared: dict[int, chat.Messag
 
 
 class _Contexts:
-    """`decision_context` for a run's decisions in order. A recorded request that starts with the
+    """What the model saw before each of a run's decisions, in order: (messages, the prompt token count if
+    the call recorded it). A recorded request that starts with the
     previous one's message records (a harness growing its history) becomes the previous context plus
     the added messages; the conversation rebuilt from the steps is made only if a decision needs it."""
 
@@ -186,8 +168,10 @@ class _Contexts:
             call = self._record.steps[decision.model_call]
             if call.request_messages:
                 return self._requested(call.request_messages), call.tokens_in
+        # No recorded request: the conversation rebuilt from the steps, up to the decision's first step.
         entries, entry_steps = self._rebuilt()
-        return decision_context(self._record, decision, entries, entry_steps)
+        cut = bisect.bisect_left(entry_steps, decision.first_step)
+        return [entry.message for entry in entries[:cut]], None
 
     def _requested(self, records: list[MessageRecord]) -> list[chat.Message]:
         previous, messages = self._last
