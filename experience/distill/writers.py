@@ -16,7 +16,8 @@ file; igzip level 2 takes ~0.5 s for a 14x smaller one (igzip level 3: ~3 s, 35x
 `ParquetRowWriter` buffers at most one row group (`row_group_rows` rows, or `max_batch_bytes` of text,
 whichever comes first) before handing it to pyarrow's ParquetWriter (on a thread of its own: pyarrow lets
 go of the GIL while it encodes and compresses); message lists are built as Arrow columns from the distinct
-messages of the group and `take` indices, not message by message, and a message that is already what the
+messages of the group and their positions (text fields as dictionary arrays), not message by message, and a
+message that is already what the
 schema stores (declared fields, text where text goes) is handed to pyarrow as it is. Both writers are
 also usable row by row, so one pass over the data can feed several files (a split each, JSONL and
 Parquet) — see `build.distill`.
@@ -361,9 +362,7 @@ class _ItemListColumn:
         arrays over the distinct items' values (`_dictionary_struct`)."""
         items = pa.array(self._items, type=self._type.value_type)
         positions = pa.array(self._positions, type=pa.int32())
-        values = (
-            _dictionary_struct(items, positions) if pa.types.is_struct(items.type) else items.take(positions)
-        )
+        values = _dictionary_struct(items, positions)
         mask = pa.array(self._nulls, type=pa.bool_()) if any(self._nulls) else None
         column = pa.ListArray.from_arrays(pa.array(self._offsets, type=pa.int32()), values, mask=mask)
         self._clear()
