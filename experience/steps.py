@@ -300,19 +300,6 @@ def _resolve(step_id: int, refs_by_step: Mapping[int, Mapping[str, Any]], known:
     return context
 
 
-def refs_with_full_contexts(step_ids: Sequence[int], refs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows' blob_refs (whole runs: step ids and refs in the same order) with each delta context replaced
-    by its full list; refs without a delta are returned as they are."""
-    deltas = [step_id for step_id, r in zip(step_ids, refs, strict=True) if is_context_delta(r.get(CONTEXT))]
-    if not deltas:
-        return list(refs)
-    contexts = full_contexts(dict(zip(step_ids, refs, strict=True)), deltas)
-    return [
-        {**r, CONTEXT: contexts[step_id]} if is_context_delta(r.get(CONTEXT)) else r
-        for step_id, r in zip(step_ids, refs, strict=True)
-    ]
-
-
 def contexts_as_deltas(
     step_ids: Sequence[int], refs: Sequence[Mapping[str, Any]]
 ) -> dict[int, list[str] | dict[str, Any]]:

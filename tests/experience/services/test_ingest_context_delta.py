@@ -29,7 +29,6 @@ from experience.steps import (
     context_delta,
     context_length,
     full_contexts,
-    refs_with_full_contexts,
 )
 from tests.experience.services.store_factories import T0, run_record, stored
 from tests.webapp.api.test_trajectories_api import client_for
@@ -218,7 +217,6 @@ def test_full_contexts_resolves_chains_in_any_order_and_names_a_missing_base():
     }
 
     assert full_contexts(refs) == {10: H[:2], 20: H[:3], 30: H[:4]}
-    assert refs_with_full_contexts([10, 20], [refs[10], refs[20]])[1]["request_messages"] == H[:3]
     with pytest.raises(KeyError, match="step 10"):
         full_contexts({30: refs[30], 20: refs[20]})
 
