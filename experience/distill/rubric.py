@@ -344,7 +344,7 @@ _DETECTOR_FUNCTIONS = tuple(DETECTORS.values())
 
 
 def labels_of(state: RubricState) -> dict[str, bool]:
-    return {name: detector(state) for name, detector in DETECTORS.items()}
+    return dict(zip(LABELS, _label_values(state), strict=True))
 
 
 @dataclass(frozen=True)
