@@ -9,10 +9,13 @@ import hashlib
 import json
 from dataclasses import dataclass, fields, is_dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from experience.distill.rubric import Rubric, rubric
 from experience.records import TrajectoryRecord
+
+if TYPE_CHECKING:
+    from experience.distill.digest import RunDigest
 
 CURATION_REJECTED = "rejected"
 # Runs in these states say nothing about the agent: the harness or the operator ended them.
@@ -30,7 +33,8 @@ class SourceRun:
 
     `value_rows`: the run's value rows when they were made ahead for the spec being built (the dataset
     reader process makes them, and hands over the run without its steps: see `values.run_value_rows`);
-    None otherwise.
+    None otherwise. `digest`: the run's decisions as the store keeps them (`digest.RunDigest`), when it
+    was read instead of the run's steps (then `record.steps` is empty); value rows are made from it.
     """
 
     trajectory_id: str
@@ -39,6 +43,7 @@ class SourceRun:
     curation: str = ""
     is_duplicate: bool = False
     value_rows: tuple[dict[str, Any], ...] | None = None
+    digest: RunDigest | None = None
 
     @property
     def task_key(self) -> str:

@@ -19,19 +19,18 @@ so nothing in a row's inputs depends on the action's own outcome.
 
 from __future__ import annotations
 
-import bisect
-import functools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from experience.distill import chat
-from experience.distill.decisions import Decision, decision_points
-from experience.distill.rubric import Rubric, RubricState, labels_of, rubric
+from experience.distill.decisions import decision_points
+from experience.distill.digest import derive
+from experience.distill.rubric import Rubric, RubricState
 from experience.distill.selection import selected_runs
 from experience.distill.source import SourceRun, run_return, run_success
 from experience.distill.spec import DatasetSpec
 from experience.distill.splits import split_for_task
-from experience.records import MessageRecord, TrajectoryRecord
+from experience.records import TrajectoryRecord
 
 Row = dict[str, Any]
 STATS_KEYS = (
@@ -77,9 +76,10 @@ def run_value_rows(run: SourceRun, spec: DatasetSpec) -> Iterator[Row]:
     reward = run_return(record)
     if reward is None:
         return
+    digest = run.digest if run.digest is not None else derive(record, run.scored)
     base = _base_fields(run, spec, "value")
     outcome = bool(run_success(record))
-    for inputs in decision_inputs(record, spec, run.scored):
+    for inputs in digest.inputs(spec.context_budget_tokens, record.instruction):
         target = target_value(reward, inputs["step_index"], inputs["step_count"], spec.gamma)
         inputs.update(target_value=target, outcome=outcome, reward=reward)
         yield base | inputs
@@ -89,37 +89,9 @@ def decision_inputs(
     record: TrajectoryRecord, spec: DatasetSpec, scored: Rubric | None = None
 ) -> Iterator[Row]:
     """What a value model sees at each decision (no targets): context, action, rubric labels and
-    stats before the action. Works on runs with no outcome yet, for scoring. `scored`: the run's rubric,
-    when the caller has it already.
-
-    The rows of a run share their context messages (the same dict objects), so writers can encode each
-    distinct message once (`writers.RowEncoder`); they must not be changed. A context that extends the
-    previous decision's costs only its added messages (`_Contexts`, `chat.MessageFacts`)."""
-    decisions = decision_points(record)
-    if not decisions:
-        return
-    scored = scored or rubric(record)
-    contexts = _Contexts(record, decisions)
-    facts = chat.MessageFacts()
-    for decision in decisions:
-        context, known_total = contexts.before(decision)
-        cut = chat.truncate(
-            context,
-            spec.context_budget_tokens,
-            instruction=record.instruction,
-            known_total=known_total,
-            facts=facts,
-        )
-        state = scored.state_before(decision.first_step)
-        yield {
-            "step_index": decision.t,
-            "step_count": len(decisions),
-            "record_step": decision.first_step,
-            "messages": cut.messages,
-            "action": chat.decision_message(record, decision),
-            "rubric": dict(_labels(state)),
-            "stats": _stats(state, cut, actions_before=decision.t - 1),
-        }
+    stats before the action (`digest.RunDigest.inputs`). Works on runs with no outcome yet, for scoring.
+    `scored`: the run's rubric, when the caller has it already."""
+    return derive(record, scored).inputs(spec.context_budget_tokens, record.instruction)
 
 
 def run_outcome_row(run: SourceRun, spec: DatasetSpec) -> Row | None:
@@ -138,62 +110,6 @@ def run_outcome_row(run: SourceRun, spec: DatasetSpec) -> Row | None:
         "rubric": scored.run_labels,
         "stats": _stats(scored.final_state, cut, actions_before=len(decisions)),
     }
-
-
-def _shared_messages(records: list[MessageRecord], shared: dict[int, chat.Message]) -> list[chat.Message]:
-    messages = []
-    for record in records:
-        message = shared.get(id(record))
-        if message is None:
-            message = shared[id(record)] = record.as_openai()
-        messages.append(message)
-    return messages
-
-
-class _Contexts:
-    """What the model saw before each of a run's decisions, in order: (messages, the prompt token count if
-    the call recorded it). A recorded request that starts with the
-    previous one's message records (a harness growing its history) becomes the previous context plus
-    the added messages; the conversation rebuilt from the steps is made only if a decision needs it."""
-
-    def __init__(self, record: TrajectoryRecord, decisions: list[Decision]) -> None:
-        self._record = record
-        self._decisions = decisions
-        self._shared: dict[int, chat.Message] = {}
-        self._last: tuple[list[MessageRecord], list[chat.Message]] = ([], [])
-        self._entries: tuple[list[chat.Entry], list[int]] | None = None
-
-    def before(self, decision: Decision) -> tuple[list[chat.Message], int | None]:
-        if decision.model_call is not None:
-            call = self._record.steps[decision.model_call]
-            if call.request_messages:
-                return self._requested(call.request_messages), call.tokens_in
-        # No recorded request: the conversation rebuilt from the steps, up to the decision's first step.
-        entries, entry_steps = self._rebuilt()
-        cut = bisect.bisect_left(entry_steps, decision.first_step)
-        return [entry.message for entry in entries[:cut]], None
-
-    def _requested(self, records: list[MessageRecord]) -> list[chat.Message]:
-        previous, messages = self._last
-        if chat.extends(records, previous):
-            messages = messages + _shared_messages(records[len(previous) :], self._shared)
-        else:
-            messages = _shared_messages(records, self._shared)
-        self._last = (records, messages)
-        return messages
-
-    def _rebuilt(self) -> tuple[list[chat.Entry], list[int]]:
-        if self._entries is None:
-            entries = chat.rebuild_conversation(self._record, self._decisions)
-            self._entries = (entries, [entry.step_index for entry in entries])
-        return self._entries
-
-
-@functools.lru_cache(maxsize=4096)
-def _labels(state: RubricState) -> dict[str, bool]:
-    """`labels_of`, once per distinct state (states are few and repeat across rows and runs); callers
-    copy the dict, so no row shares it."""
-    return labels_of(state)
 
 
 def _base_fields(run: SourceRun, spec: DatasetSpec, kind: str) -> Row:
