@@ -40,11 +40,12 @@ from django.db.models.functions import Collate, Mod
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
+from experience.distill.digest import DIGEST_VERSION, RunDigest, instruction_hash
 from experience.distill.selection import exclusion_reason
 from experience.distill.source import SourceRun
 from experience.distill.spec import DatasetSpec
 from experience.errors import ValidationError
-from experience.models import Blob, Step, Trajectory
+from experience.models import Blob, Step, Trajectory, TrajectoryDigest
 from experience.records import MessageRecord, StepRecord, TrajectoryRecord
 from experience.steps import (
     CONTEXT,
@@ -85,7 +86,9 @@ _STEPS_SQL = (
     f"FROM {Step._meta.db_table} WHERE trajectory_id = ANY(%s) ORDER BY trajectory_id, seq"
 )
 # The hashes as one comma-separated text parameter: psycopg dumps a list element by element, in Python.
-_BLOBS_SQL = f"SELECT sha256, encoding, data FROM {Blob._meta.db_table} WHERE sha256 = ANY(string_to_array(%s, ','))"
+_BLOBS_SQL = (
+    f"SELECT sha256, encoding, data FROM {Blob._meta.db_table} WHERE sha256 = ANY(string_to_array(%s, ','))"
+)
 # A step row's columns after its ids (`_STEPS_SQL`), as the run's content hash reads them: str() of each.
 _STEP_TEXT = "\t".join(["%s"] * (len(STEP_COLUMNS) - 2))
 # Record fields that come straight from a trajectory column of the same name.
@@ -215,9 +218,15 @@ def source_runs(spec: DatasetSpec) -> Iterator[SourceRun]:
 
 
 def source_run_batches(
-    spec: DatasetSpec, *, progress: Progress | None = None, share: tuple[int, int] | None = None
+    spec: DatasetSpec,
+    *,
+    progress: Progress | None = None,
+    share: tuple[int, int] | None = None,
+    digests: bool = False,
 ) -> Iterator[list[StoredRun]]:
-    """`source_runs` a batch at a time: at most RUN_BATCH runs or about STEP_BATCH steps.
+    """`source_runs` a batch at a time: at most RUN_BATCH runs or about STEP_BATCH steps. `digests`: runs
+    with a kept digest (`TrajectoryDigest`, valid for the run as it is now) come as that digest, without
+    their steps (`StoredRun.digest`); for builds that keep them (`digests_kept`).
 
     `share` (k, n): only the runs whose id is k modulo n, for one of n readers working side by side. Each
     share comes in store order, so merging the n streams by `store_order` gives the runs `source_runs` gives;
@@ -227,7 +236,7 @@ def source_run_batches(
     runs = runs_matching(spec.filters)
     if share is not None:
         runs = runs.alias(id_share=Mod("id", share[1])).filter(id_share=share[0])
-    return stored_run_batches(runs, spec, progress=progress, keep=keep)
+    return stored_run_batches(runs, spec, progress=progress, keep=keep, digests=digests)
 
 
 def store_order(run: StoredRun) -> tuple[str, int]:
@@ -251,10 +260,11 @@ def stored_run_batches(
     *,
     progress: Progress | None = None,
     keep: Callable[[dict[str, Any]], bool] | None = None,
+    digests: bool = False,
 ) -> Iterator[list[StoredRun]]:
     """The trajectories as StoredRuns ordered by (task key, id), in batches; only the runs the spec
     uses get their steps. `keep`: a test on each trajectory row (TRAJECTORY_COLUMNS) made in Python,
-    before any step is read, for what SQL here does not say."""
+    before any step is read, for what SQL here does not say. `digests`: as `source_run_batches`."""
     progress = progress or Progress()
     columns = trajectories.order_by(*_store_ordering()).values_list(*TRAJECTORY_COLUMNS)
     # A server-side cursor: trajectory rows arrive RUN_BATCH at a time, never all at once.
@@ -270,7 +280,8 @@ def stored_run_batches(
         for batch in _batches(rows):
             bare = [_stored_run(row, None) for row in batch]
             needed = [run.row_id for run in bare if exclusion_reason(run, spec) is None]
-            fetched = fetcher.fetch(needed)
+            instructions = {row["id"]: row["instruction"] for row in batch} if digests else None
+            fetched = fetcher.fetch(needed, instructions)
             if pending is not None:
                 yield _finished(*pending, progress)
             pending = (batch, bare, fetched)
@@ -294,28 +305,40 @@ def _batches(rows: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
 def _finished(
     batch: list[dict[str, Any]], bare: list[StoredRun], fetched: Future[_Fetched], progress: Progress
 ) -> list[StoredRun]:
-    """A batch's runs: those the spec uses with their steps, the others as they were."""
-    steps_of = _steps_of(fetched.result())
-    runs = [
-        _stored_run(row, steps_of[row["id"]]) if row["id"] in steps_of else run
-        for row, run in zip(batch, bare, strict=True)
-    ]
-    progress.add(runs=len(batch), steps=sum(len(run.record.steps) for run in runs))
+    """A batch's runs: those the spec uses with their steps or their stored digest, the others as they
+    were."""
+    done = fetched.result()
+    steps_of = _steps_of(done)
+    runs = []
+    for row, run in zip(batch, bare, strict=True):
+        if row["id"] in steps_of:
+            run = _stored_run(row, steps_of[row["id"]])
+        elif row["id"] in done.digests:
+            run = _digested_run(row, done.digests[row["id"]])
+        runs.append(run)
+    progress.add(runs=len(batch), steps=sum(run.steps_read for run in runs))
     return runs
 
 
 class _Fetched(NamedTuple):
-    trajectory_ids: list[int]
+    trajectory_ids: list[int]  # the runs read with their steps
     rows: list[tuple]  # `_step_rows`
     refs: list[dict[str, Any]]  # each row's blob_refs, parsed
     contexts: dict[int, list[str] | dict[str, Any]]  # `contexts_as_deltas`: by step id
     blobs: dict[str, bytes]
+    digests: dict[int, _KeptDigest]  # the runs read as their stored digest instead
 
 
-def _fetch(trajectory_ids: list[int]) -> _Fetched:
-    """The database half of a batch: step rows and the blobs they refer to, in one query each."""
+def _fetch(trajectory_ids: list[int], instructions: Mapping[int, str] | None = None) -> _Fetched:
+    """The database half of a batch: the runs' stored digests (with `instructions`, each run's, when the
+    build can use digests), then the step rows of the others and the blobs they refer to, in one query
+    each."""
+    digests = (
+        _kept_digests(trajectory_ids, instructions) if instructions is not None and trajectory_ids else {}
+    )
+    trajectory_ids = [trajectory_id for trajectory_id in trajectory_ids if trajectory_id not in digests]
     if not trajectory_ids:
-        return _Fetched([], [], [], {}, {})
+        return _Fetched([], [], [], {}, {}, digests)
     rows = _step_rows(trajectory_ids)
     refs = _refs_parsed([row[13] for row in rows])
     contexts = contexts_as_deltas([row[0] for row in rows], refs)  # whole runs: every base is here
@@ -324,7 +347,7 @@ def _fetch(trajectory_ids: list[int]) -> _Fetched:
         hashes.update(referenced_hashes(step_refs, context=False))
     for context in contexts.values():
         hashes.update(context["append"] if is_context_delta(context) else context)
-    return _Fetched(trajectory_ids, rows, refs, contexts, _blobs(hashes))
+    return _Fetched(trajectory_ids, rows, refs, contexts, _blobs(hashes), digests)
 
 
 def _refs_parsed(texts: list[str]) -> list[dict[str, Any]]:
@@ -370,11 +393,11 @@ class _Fetcher:
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataset-fetch") if threaded else None
         )
 
-    def fetch(self, trajectory_ids: list[int]) -> Future[_Fetched]:
+    def fetch(self, trajectory_ids: list[int], instructions: Mapping[int, str] | None) -> Future[_Fetched]:
         if self._pool is not None:
-            return self._pool.submit(_fetch, trajectory_ids)
+            return self._pool.submit(_fetch, trajectory_ids, instructions)
         done: Future[_Fetched] = Future()
-        done.set_result(_fetch(trajectory_ids))
+        done.set_result(_fetch(trajectory_ids, instructions))
         return done
 
     def __enter__(self) -> _Fetcher:
@@ -494,6 +517,16 @@ class StoredRun(SourceRun):
 
     row_id: int = 0
     step_ids: tuple[int, ...] = ()
+    steps_sha256: str = ""  # `steps_content_hash` of its steps, when they (or its digest) were read
+    # Read from its stored digest instead of its steps: how many steps it has, and its rubric's label
+    # changes as (name, value, step id).
+    digest_steps: int = 0
+    digest_labels: tuple[tuple[str, bool, int | None], ...] | None = None
+
+    @property
+    def steps_read(self) -> int:
+        """The steps the build read of this run, as steps or as its digest."""
+        return len(self.record.steps) or self.digest_steps
 
 
 def _stored_run(row: Mapping[str, Any], steps: _RunSteps | None) -> StoredRun:
@@ -501,24 +534,113 @@ def _stored_run(row: Mapping[str, Any], steps: _RunSteps | None) -> StoredRun:
     record = TrajectoryRecord(
         **{name: row[name] for name in _RECORD_COLUMNS}, steps=steps.records if steps is not None else []
     )
+    steps_hash = steps_content_hash(steps.texts) if steps is not None else ""
     return StoredRun(
         trajectory_id=str(row["id"]),
         record=record,
-        content_hash=store_content_hash(row, steps.texts) if steps is not None else "",
+        content_hash=store_content_hash(row, steps_hash) if steps is not None else "",
         curation=row["curation_status"],
         is_duplicate=row["is_duplicate"],
         row_id=row["id"],
         step_ids=tuple(steps.ids) if steps is not None else (),
+        steps_sha256=steps_hash,
     )
 
 
-def store_content_hash(row: Mapping[str, Any], step_texts: list[str]) -> str:
-    """sha256 of a run as stored: its record columns and every step row as Postgres renders it (blobs by
-    their hashes, which name their content). Cheaper than hashing the rebuilt record (a context shared by
-    50 calls is 50 short references, not 50 copies), and it changes with any change to the run."""
+def _digested_run(row: Mapping[str, Any], kept: _KeptDigest) -> StoredRun:
+    """A run read as its stored digest: no steps, the same content hash as if they had been read."""
+    return StoredRun(
+        trajectory_id=str(row["id"]),
+        record=TrajectoryRecord(**{name: row[name] for name in _RECORD_COLUMNS}, steps=[]),
+        content_hash=store_content_hash(row, kept.steps_sha256),
+        curation=row["curation_status"],
+        is_duplicate=row["is_duplicate"],
+        digest=RunDigest.decode(kept.data),
+        row_id=row["id"],
+        steps_sha256=kept.steps_sha256,
+        digest_steps=kept.n_steps,
+        digest_labels=tuple((name, value, step) for name, value, step in kept.labels),
+    )
+
+
+def steps_content_hash(step_texts: list[str]) -> str:
+    """sha256 of a run's step rows as Postgres renders them (blobs by their hashes, which name their
+    content), one per line: what a run's content hash reads of its steps, kept with its digest."""
+    return hashlib.sha256("\n".join(step_texts).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def store_content_hash(row: Mapping[str, Any], steps_sha256: str) -> str:
+    """sha256 of a run as stored: its record columns and its steps' hash (`steps_content_hash`). Cheaper
+    than hashing the rebuilt record (a context shared by 50 calls is 50 short references, not 50 copies),
+    and it changes with any change to the run."""
     digest = hashlib.sha256()
     head = {name: row[name] for name in _RECORD_COLUMNS}
     digest.update(json.dumps(head, sort_keys=True, default=str).encode("utf-8", "surrogatepass"))
-    if step_texts:  # each step row after a newline
-        digest.update("\n".join(["", *step_texts]).encode("utf-8", "surrogatepass"))
+    digest.update(b"\n" + steps_sha256.encode("ascii"))
     return digest.hexdigest()
+
+
+# --- stored digests ------------------------------------------------------------------------------------
+
+
+class _KeptDigest(NamedTuple):
+    steps_sha256: str
+    n_steps: int
+    labels: list[list[Any]]
+    data: bytes
+
+
+_DIGESTS_SQL = (
+    f"SELECT trajectory_id, instruction_sha256, steps_sha256, n_steps, labels::text, data "
+    f"FROM {TrajectoryDigest._meta.db_table} WHERE trajectory_id = ANY(%s) AND version = %s"
+)
+_DIGEST_UPSERT = f"""
+INSERT INTO {TrajectoryDigest._meta.db_table} AS kept
+    (trajectory_id, version, instruction_sha256, steps_sha256, n_steps, labels, data, created_at)
+SELECT d.trajectory_id, %s, d.instruction_sha256, d.steps_sha256, d.n_steps, d.labels::jsonb, d.data, now()
+FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::int[], %s::text[], %s::bytea[])
+    AS d(trajectory_id, instruction_sha256, steps_sha256, n_steps, labels, data)
+WHERE (SELECT count(*) FROM {Step._meta.db_table} s WHERE s.trajectory_id = d.trajectory_id) = d.n_steps
+ON CONFLICT (trajectory_id) DO UPDATE SET version = excluded.version,
+    instruction_sha256 = excluded.instruction_sha256, steps_sha256 = excluded.steps_sha256,
+    n_steps = excluded.n_steps, labels = excluded.labels, data = excluded.data, created_at = excluded.created_at
+"""
+
+
+def digests_kept(spec: DatasetSpec) -> bool:
+    """Whether a build of the spec reads and keeps run digests: value sets, on Postgres (where triggers
+    drop a digest whose steps change: migration 0007)."""
+    return spec.kind == "value" and connection.vendor == "postgresql"
+
+
+def _kept_digests(trajectory_ids: list[int], instructions: Mapping[int, str]) -> dict[int, _KeptDigest]:
+    """The stored digests of these runs that are of this version and were derived with the run's
+    instruction as it is now."""
+    with _binary_cursor() as cursor:
+        cursor.execute(_DIGESTS_SQL, [trajectory_ids, DIGEST_VERSION], binary=True, prepare=False)
+        rows = cursor.fetchall()
+    return {
+        trajectory_id: _KeptDigest(steps_sha, n_steps, json_loads(labels), bytes(data))
+        for trajectory_id, instruction_sha, steps_sha, n_steps, labels, data in rows
+        if instruction_sha == instruction_hash(instructions[trajectory_id])
+    }
+
+
+def digests_write(runs: Iterable[StoredRun], labels: Mapping[int, list[tuple[str, bool, int | None]]]) -> int:
+    """Keep the digests of runs read with their steps (`labels`: each one's label changes, with step ids).
+    A run whose step count has changed since it was read is skipped (its digest would be stale at once).
+    Returns how many were given."""
+    batch = [run for run in runs if run.digest is not None and run.record.steps and run.steps_sha256]
+    if not batch:
+        return 0
+    columns = (
+        [run.row_id for run in batch],
+        [instruction_hash(run.record.instruction) for run in batch],
+        [run.steps_sha256 for run in batch],
+        [len(run.record.steps) for run in batch],
+        [json.dumps([list(change) for change in labels[run.row_id]]) for run in batch],
+        [run.digest.encode() for run in batch if run.digest is not None],
+    )
+    with _binary_cursor() as cursor:
+        cursor.execute(_DIGEST_UPSERT, [DIGEST_VERSION, *columns], prepare=False)
+    return len(batch)

@@ -46,6 +46,7 @@ from django.db.models import Count, Max, Q, QuerySet
 from django.utils import timezone
 
 from experience.distill.build import distill
+from experience.distill.digest import derive
 from experience.distill.errors import EmptyDatasetError, SpecError
 from experience.distill.rubric import RUBRIC_VERSION
 from experience.distill.selection import exclusion_reason
@@ -57,6 +58,8 @@ from experience.models import CurationEvent, Dataset, DatasetVersion, Label, Tra
 from experience.services.dataset_source import (
     Progress,
     StoredRun,
+    digests_kept,
+    digests_write,
     filters_clean,
     runs_matching,
     source_run_batches,
@@ -314,13 +317,26 @@ def _labelled_batches(
     spec: DatasetSpec, progress: Progress, *, share: tuple[int, int] | None = None
 ) -> Iterator[list[StoredRun]]:
     """The read path's batches (of one share of the runs, if given), each run's rubric made and each
-    batch's labels written."""
-    for batch in source_run_batches(spec, progress=progress, share=share):
-        scored = [run for run in batch if run.record.steps]
-        for run in scored:
-            _ = run.scored  # made here, where a reader process has the time for it
-        rubric_labels_write(runs=scored)
+    batch's labels written. When the build keeps digests (`digests_kept`), each run read with its steps
+    gets its digest derived and kept, and runs come as their kept digest where they have one."""
+    keep_digests = digests_kept(spec)
+    for batch in source_run_batches(spec, progress=progress, share=share, digests=keep_digests):
+        if keep_digests:
+            batch = [_digested(run) for run in batch]
+        read = [run for run in batch if run.record.steps or run.digest is not None]
+        labels = {run.row_id: _label_changes(run) for run in read}  # the rubric, made here in a reader
+        rubric_labels_write(runs=read, labels=labels)
+        if keep_digests:
+            digests_write(read, labels)
         yield batch
+
+
+def _digested(run: StoredRun) -> StoredRun:
+    """A run read with its steps, with its digest derived (`distill.digest.derive`) for its rows and to
+    keep; any other run as it is."""
+    if not run.record.steps or run.digest is not None:
+        return run
+    return dataclasses.replace(run, digest=derive(run.record, run.scored))
 
 
 def _read_aside(spec: DatasetSpec, progress: Progress) -> Iterator[SourceRun]:
@@ -379,7 +395,7 @@ def _reader_main(spec: DatasetSpec, share: tuple[int, int], batches: Any) -> Non
     parent = os.getppid()
     try:
         for batch in _labelled_batches(spec, Progress(), share=share):
-            steps = sum(len(run.record.steps) for run in batch)
+            steps = sum(run.steps_read for run in batch)
             # Pickled here, so the parent receives bytes and unpickles them with its collector paused.
             data = pickle.dumps(_handed_over(batch, spec), protocol=pickle.HIGHEST_PROTOCOL)
             _hand_over(batches, ("batch", (data, len(batch), steps)), parent)
@@ -404,10 +420,16 @@ def _handed_over(batch: list[StoredRun], spec: DatasetSpec) -> list[StoredRun]:
 
 
 def _with_rows(run: StoredRun, spec: DatasetSpec) -> StoredRun:
-    if not run.record.steps or not run.content_hash or exclusion_reason(run, spec) is not None:
+    if not run.steps_read or not run.content_hash or exclusion_reason(run, spec) is not None:
         return run  # nothing to make, or a left-out run (already without steps)
     rows = tuple(run_value_rows(run, spec))
-    return dataclasses.replace(run, record=dataclasses.replace(run.record, steps=[]), value_rows=rows)
+    return dataclasses.replace(
+        run,
+        record=dataclasses.replace(run.record, steps=[]),
+        value_rows=rows,
+        digest=None,
+        digest_labels=None,
+    )
 
 
 def _collect_less() -> None:
@@ -564,12 +586,15 @@ def curation_version() -> str:
 # --- rubric labels ---------------------------------------------------------------------------------------
 
 
-def rubric_labels_write(*, runs: list[StoredRun]) -> int:
+def rubric_labels_write(
+    *, runs: list[StoredRun], labels: Mapping[int, list[tuple[str, bool, int | None]]] | None = None
+) -> int:
     """Store each run's rubric as Label rows (source `rubric`, version RUBRIC_VERSION), one per
     detector: `value` is the run's final label, `step` the step after which it took that value (None
     when it held from the start). Runs already labelled at this version are skipped. Returns rows written.
     On Postgres the batch's rows go in one COPY (the reader writes 7 rows a run: INSERT's parameters
-    and Label objects cost more than the rubric's detectors); elsewhere one bulk insert.
+    and Label objects cost more than the rubric's detectors); elsewhere one bulk insert. `labels`: each
+    run's `_label_changes`, when the caller has them.
     """
     ids = [run.row_id for run in runs]
     done = set(
@@ -577,7 +602,13 @@ def rubric_labels_write(*, runs: list[StoredRun]) -> int:
         .values_list("trajectory_id", flat=True)
         .distinct()
     )
-    rows = [row for run in runs if run.row_id not in done for row in _label_rows(run)]
+    changes = labels if labels is not None else {run.row_id: _label_changes(run) for run in runs}
+    rows = [
+        (run.row_id, step_id, name, value)
+        for run in runs
+        if run.row_id not in done
+        for name, value, step_id in changes[run.row_id]
+    ]
     if connection.vendor == "postgresql":
         _copy_labels(rows)
     else:
@@ -612,11 +643,14 @@ def _copy_labels(rows: list[tuple[int, int | None, str, bool]]) -> None:
                             RUBRIC_VERSION, now))  # fmt: skip
 
 
-def _label_rows(run: StoredRun) -> list[tuple[int, int | None, str, bool]]:
-    """(trajectory id, step id, name, value) of a run's labels, in LABELS order: each label's final value
-    and the step after which it took it (None when it held from the start)."""
+def _label_changes(run: StoredRun) -> list[tuple[str, bool, int | None]]:
+    """(name, value, step id) of a run's labels, in LABELS order: each label's final value and the step
+    after which it took it (None when it held from the start). From its kept digest when it was read as
+    one, else from its rubric."""
+    if run.digest_labels is not None:
+        return list(run.digest_labels)
     return [
-        (run.row_id, run.step_ids[at] if at is not None else None, name, value)
+        (name, value, run.step_ids[at] if at is not None else None)
         for name, value, at in run.scored.label_changes()
     ]
 

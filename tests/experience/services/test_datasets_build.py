@@ -433,9 +433,9 @@ def test_outside_a_transaction_the_next_batch_is_fetched_ahead_on_its_own_connec
     fetch_threads: set[str] = set()
     real_fetch = dataset_source._fetch
 
-    def watched(ids):
+    def watched(ids, instructions=None):
         fetch_threads.add(threading.current_thread().name)
-        return real_fetch(ids)
+        return real_fetch(ids, instructions)
 
     monkeypatch.setattr(dataset_source, "_fetch", watched)
     ahead = [(r.row_id, r.step_ids, r.content_hash, r.record) for r in dataset_source.source_runs(spec)]
