@@ -31,6 +31,7 @@ from experience.distill import chat
 from experience.distill.decisions import Decision, decision_points
 from experience.distill.rubric import RUBRIC_VERSION, Rubric, RubricState, labels_of, rubric
 from experience.records import MessageRecord, TrajectoryRecord
+from experience.steps import json_loads
 
 DIGEST_VERSION = f"digest-1+{RUBRIC_VERSION}"
 ZSTD_LEVEL = 3
@@ -81,8 +82,8 @@ class RunDigest:
     @classmethod
     def decode(cls, data: bytes) -> RunDigest:
         try:
-            document = orjson.loads(_decompressor.decompress(data))
-        except (zstandard.ZstdError, orjson.JSONDecodeError) as error:
+            document = json_loads(_decompressor.decompress(data))
+        except (zstandard.ZstdError, ValueError) as error:
             raise DigestError(f"not a run digest: {error}") from error
         if not isinstance(document, dict) or document.get("version") != DIGEST_VERSION:
             found = document.get("version") if isinstance(document, dict) else None
@@ -236,7 +237,7 @@ def _counts(state: RubricState) -> tuple[int, int, int, int]:
 
 def _dumps(document: Any) -> bytes:
     """JSON bytes; text orjson refuses (a lone surrogate from a harness's output) goes through json, which
-    escapes it, and orjson reads the escape back."""
+    escapes it (and `json_loads` reads the escape back)."""
     try:
         return orjson.dumps(document)
     except TypeError:
