@@ -4,12 +4,20 @@
 counted and written as it comes, into one JSONL.gz and one Parquet file per split. Order the runs by task
 key (pairwise sets and negative balancing need it; the other kinds do not care, but a fixed order also
 makes the files byte-identical across rebuilds).
+
+A build may also run as shards side by side (`distill_shard`, each over its own runs, into its own
+directory), merged by `merge_shards`: the manifests add up, and each shard's file of a split becomes one
+part of that split (`train-00000-of-00002.parquet`; one part when a single pass made them all). The runs
+of one task must all go to the same shard (pairs and balancing are made within a task), and splits are by
+task, so each shard makes exactly the rows a single pass would make of its runs.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +82,15 @@ class _SplitFiles:
         return [writer.close() for writers in self._writers.values() for writer in writers]
 
 
+@dataclass
+class Shard:
+    """What `distill_shard` made: its manifest so far (not finished: a shard may make no rows) and the
+    files it wrote."""
+
+    manifest: ManifestBuilder
+    files: list[WriteResult]
+
+
 def distill(
     runs: Iterable[SourceRun],
     spec: DatasetSpec,
@@ -88,6 +105,29 @@ def distill(
 
     Raises `EmptyDatasetError` (after removing any file it wrote) when the spec matched no rows.
     """
+    shard = distill_shard(
+        runs,
+        spec,
+        out_dir=out_dir,
+        label_versions=label_versions,
+        curation_version=curation_version,
+        formats=formats,
+        row_group_rows=row_group_rows,
+    )
+    return merge_shards([shard], out_dir=out_dir)
+
+
+def distill_shard(
+    runs: Iterable[SourceRun],
+    spec: DatasetSpec,
+    *,
+    out_dir: str | Path,
+    label_versions: Mapping[str, str] | None = None,
+    curation_version: str = "",
+    formats: tuple[str, ...] = FORMATS,
+    row_group_rows: int = 10_000,
+) -> Shard:
+    """The rows of these runs, written into `out_dir` (a file per split and format), and their manifest."""
     directory = Path(out_dir)
     directory.mkdir(parents=True, exist_ok=True)
     builder = ManifestBuilder(spec, label_versions=label_versions, curation_version=curation_version)
@@ -101,14 +141,54 @@ def distill(
             files.write(row, line)
     finally:
         results = files.close()
+    return Shard(builder, results)
+
+
+def merge_shards(shards: Sequence[Shard], *, out_dir: str | Path) -> dict[str, Any]:
+    """The manifest of the shards together, with a `files` list: each shard's file of a split and format
+    moved into `out_dir` as one part of it (`part_name`), in shard order.
+
+    Raises `EmptyDatasetError` (after removing every file the shards wrote) when they made no rows.
+    """
+    directory = Path(out_dir)
+    builder = shards[0].manifest
+    for shard in shards[1:]:
+        builder.merge(shard.manifest)
     try:
         manifest = builder.finish()
     except EmptyDatasetError:
-        for result in results:
-            Path(result.path).unlink(missing_ok=True)
+        for shard in shards:
+            for result in shard.files:
+                Path(result.path).unlink(missing_ok=True)
         raise
-    manifest["files"] = [_describe(result) for result in sorted(results, key=lambda r: r.path)]
+    parts: dict[str, list[WriteResult]] = {}
+    for shard in shards:
+        for result in shard.files:
+            parts.setdefault(Path(result.path).name, []).append(result)
+    moved = []
+    for name, named in parts.items():
+        for index, result in enumerate(named):
+            target = directory / part_name(name, index, len(named))
+            os.replace(result.path, target)
+            moved.append(WriteResult(str(target), result.rows, result.bytes))
+    manifest["files"] = [_describe(result) for result in sorted(moved, key=lambda r: r.path)]
     return manifest
+
+
+def part_name(name: str, index: int, count: int) -> str:
+    """Part `index` of `count` of a split's file `name` (`train.parquet`): `train-00000-of-00002.parquet`.
+    A split's rows come as one part per shard that made any (a build in READERS processes makes up to that
+    many), read in part order; the parts of a split's JSONL and of its Parquet hold the same rows."""
+    split, _, extension = name.partition(".")
+    return f"{split}-{index:05d}-of-{count:05d}.{extension}"
+
+
+def split_parts(names: Iterable[str], split: str, extension: str) -> list[str]:
+    """The names among `names` of a split's parts in one format (`jsonl.gz`, `parquet`), in part order."""
+    prefix, suffix = f"{split}-", f".{extension}"
+    return sorted(
+        name for name in names if name.startswith(prefix) and name.endswith(suffix) and "-of-" in name
+    )
 
 
 def _describe(result: WriteResult) -> dict[str, Any]:

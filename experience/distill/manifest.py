@@ -87,6 +87,27 @@ class ManifestBuilder:
         self._rows = 0
         self._digest = 0
 
+    def merge(self, other: ManifestBuilder) -> None:
+        """Take in what another builder of the same spec collected from other runs (a shard of a build:
+        every figure is a count, a set or a sum, so the merged manifest is the one a single pass over all
+        the runs would give)."""
+        if other.spec != self.spec:
+            raise ValueError("only builders of the same spec merge")
+        self.runs_offered += other.runs_offered
+        self.runs_excluded.update(other.runs_excluded)
+        self._source_hashes.update(other._source_hashes)
+        self._used |= other._used
+        for name, counts in other._splits.items():
+            mine = self._splits[name]
+            mine.rows += counts.rows
+            mine.positives += counts.positives
+            mine.labelled += counts.labelled
+            mine.tasks |= counts.tasks
+            mine.trajectories |= counts.trajectories
+        self._task_rows.update(other._task_rows)
+        self._rows += other._rows
+        self._digest += other._digest
+
     def track(self, runs: Iterable[SourceRun]) -> Iterator[SourceRun]:
         """Pass runs through, noting each usable run's content hash and each left-out run's reason."""
         for run in runs:

@@ -31,9 +31,7 @@ class SourceRun:
     status (`rejected` is left out unless the spec includes it; anything else is kept). `is_duplicate` is
     the dedup mark. `task_set` and `task_key` come from the record.
 
-    `value_rows`: the run's value rows when they were made ahead for the spec being built (the dataset
-    reader process makes them, and hands over the run without its steps: see `values.run_value_rows`);
-    None otherwise. `digest`: the run's decisions as the store keeps them (`digest.RunDigest`), when it
+    `digest`: the run's decisions as the store keeps them (`digest.RunDigest`), when it
     was read instead of the run's steps (then `record.steps` is empty); value rows are made from it.
     """
 
@@ -42,7 +40,6 @@ class SourceRun:
     content_hash: str = ""
     curation: str = ""
     is_duplicate: bool = False
-    value_rows: tuple[dict[str, Any], ...] | None = None
     digest: RunDigest | None = None
 
     @property

@@ -67,11 +67,8 @@ def outcome_rows(runs: Iterable[SourceRun], spec: DatasetSpec) -> Iterator[Row]:
 
 
 def run_value_rows(run: SourceRun, spec: DatasetSpec) -> Iterator[Row]:
-    """The value rows of one run (none when it has no decisions or no outcome): those it carries when
-    they were made ahead for this spec (`SourceRun.value_rows`), else made here."""
-    if run.value_rows is not None:
-        yield from run.value_rows
-        return
+    """The value rows of one run (none when it has no decisions or no outcome), made from its digest (the
+    one it was read with, else derived from its steps)."""
     record = run.record
     reward = run_return(record)
     if reward is None:

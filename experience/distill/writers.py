@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,15 +261,7 @@ class ParquetRowWriter:
         self._batch_bytes = 0
 
     def _open(self, schema: pa.Schema) -> pq.ParquetWriter:
-        if not self._lists:
-            return pq.ParquetWriter(self.path, schema, compression="zstd")
-        return pq.ParquetWriter(
-            self.path,
-            _with_dictionary_text(schema, self._lists),
-            compression="zstd",
-            store_schema=False,  # so the dictionary columns read back as the strings they hold
-            dictionary_pagesize_limit=_DICTIONARY_PAGE_BYTES,
-        )
+        return _parquet_writer(self.path, schema, self._lists)
 
     def _wait(self) -> None:
         if self._in_flight is not None:
@@ -399,7 +391,21 @@ def _dictionary_text_struct(type_: pa.StructType) -> pa.StructType:
     )
 
 
-def _with_dictionary_text(schema: pa.Schema, lists: Mapping[str, Any]) -> pa.Schema:
+def _parquet_writer(path: Path, schema: pa.Schema, lists: Collection[str]) -> pq.ParquetWriter:
+    """pyarrow's writer for a file of this schema, whose item-list columns (`lists`) are written with their
+    text fields as dictionaries."""
+    if not lists:
+        return pq.ParquetWriter(path, schema, compression="zstd")
+    return pq.ParquetWriter(
+        path,
+        _with_dictionary_text(schema, lists),
+        compression="zstd",
+        store_schema=False,  # so the dictionary columns read back as the strings they hold
+        dictionary_pagesize_limit=_DICTIONARY_PAGE_BYTES,
+    )
+
+
+def _with_dictionary_text(schema: pa.Schema, lists: Collection[str]) -> pa.Schema:
     """The schema Arrow writes: the item-list columns with their text fields as dictionaries."""
     return pa.schema(
         [

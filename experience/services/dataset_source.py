@@ -36,7 +36,8 @@ import psycopg
 import zstandard
 from django.db import connection
 from django.db.models import Q, QuerySet
-from django.db.models.functions import Collate, Mod
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Collate
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
@@ -228,27 +229,25 @@ def source_run_batches(
     with a kept digest (`TrajectoryDigest`, valid for the run as it is now) come as that digest, without
     their steps (`StoredRun.digest`); for builds that keep them (`digests_kept`).
 
-    `share` (k, n): only the runs whose id is k modulo n, for one of n readers working side by side. Each
-    share comes in store order, so merging the n streams by `store_order` gives the runs `source_runs` gives;
-    the shares are disjoint whatever each reader's snapshot of the store."""
+    `share` (k, n), on Postgres: only the runs of the tasks that fall to share k of n (by the first byte of
+    the task key's sha256, modulo n), for one of n readers building side by side: a task's runs all fall
+    to one share (pairs and balancing are made within a task), and the shares are disjoint whatever each
+    reader's snapshot of the store."""
     wanted_tags = spec.filters.get("tags") if connection.vendor != "postgresql" else None
     keep = (lambda row: _tags_match(row["tags"], wanted_tags)) if wanted_tags else None
     runs = runs_matching(spec.filters)
     if share is not None:
-        runs = runs.alias(id_share=Mod("id", share[1])).filter(id_share=share[0])
+        runs = runs.alias(task_share=RawSQL(_TASK_SHARE_SQL, [share[1]])).filter(task_share=share[0])
     return stored_run_batches(runs, spec, progress=progress, keep=keep, digests=digests)
 
 
-def store_order(run: StoredRun) -> tuple[str, int]:
-    """The order runs are read in: by task key (compared as code points, as Python compares strings),
-    then id."""
-    return run.task_key, run.row_id
+_TASK_SHARE_SQL = f"mod(get_byte(sha256(convert_to({Trajectory._meta.db_table}.task_key, 'UTF8')), 0), %s)"
 
 
 def _store_ordering() -> tuple[Any, str]:
-    """`store_order` in SQL. On Postgres the task key is sorted in the "C" collation (by code point), not
-    the database's, so that streams read side by side can be merged in Python (`store_order`); SQLite's
-    default collation already compares by code point."""
+    """The order runs are read in: by task key, then id. On Postgres the task key is sorted in the "C"
+    collation (by code point, as Python compares strings and SQLite does by default), not the database's,
+    so the order (and so the files) do not depend on the database's locale."""
     if connection.vendor == "postgresql":
         return Collate("task_key", "C"), "id"
     return "task_key", "id"

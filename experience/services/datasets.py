@@ -2,14 +2,14 @@
 
 This is the database side of distillation; `experience.distill` is the algorithm. A build streams the
 runs the spec's filters select out of the store (`dataset_source.source_runs`: ordered by (task key, id),
-a batch at a time, never the whole store in memory) into `distill.build.distill`, which writes one
-JSONL.gz and one Parquet file per split under `TROVE_DATASET_DIR/<dataset name>/<version>/` and returns
-the manifest. The filters are `dataset_source`'s (task sets, models, harnesses, sources, outcome,
-curation, dates, tags). Outside a transaction on Postgres the reading (store, records, rubric, labels)
-runs in READERS forked reader processes, each reading its share of the runs (by id) and handing batches
-over a bounded queue; the builder merges the shares back into store order (`_read_aside`), so reading
-and writing keep two cores busy. For the kinds in READER_MAKES_ROWS the readers make the rows too and
-hand over rows instead of steps (`_handed_over`), so moving work between the halves is one setting.
+a batch at a time, never the whole store in memory) into `distill.build.distill_shard`, which writes one
+JSONL.gz and one Parquet file per split, and `merge_shards` puts the manifest and files together under
+`TROVE_DATASET_DIR/<dataset name>/<version>/`. The filters are `dataset_source`'s (task sets, models,
+harnesses, sources, outcome, curation, dates, tags). Outside a transaction on Postgres the whole build
+(store, records, rubric, labels, rows, files) runs in READERS forked reader processes side by side, each
+building the shard of the tasks that fall to it (`_shards_aside`); the builder merges them. A value build
+keeps each run's digest (`TrajectoryDigest`: its decisions, derived once from its steps) and a later one
+reads the digest instead of the steps (`dataset_source.source_run_batches(digests=True)`).
 
 Versions are immutable: a build writes into a scratch directory and renames it into place only when the
 manifest is complete, and a ready version is never built again (a rebuild is a new version). A spec
@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import gzip
-import heapq
 import json
 import logging
 import multiprocessing
@@ -45,14 +44,12 @@ from django.db import IntegrityError, OperationalError, connection, connections,
 from django.db.models import Count, Max, Q, QuerySet
 from django.utils import timezone
 
-from experience.distill.build import distill
+from experience.distill.build import Shard, distill_shard, merge_shards, split_parts
 from experience.distill.digest import derive
 from experience.distill.errors import EmptyDatasetError, SpecError
 from experience.distill.rubric import RUBRIC_VERSION
-from experience.distill.selection import exclusion_reason
 from experience.distill.source import CURATION_REJECTED, UNUSABLE_STATUSES, SourceRun
 from experience.distill.spec import DatasetSpec
-from experience.distill.values import run_value_rows
 from experience.errors import Conflict, NotFound, TroveError, ValidationError
 from experience.models import CurationEvent, Dataset, DatasetVersion, Label, Trajectory
 from experience.services.dataset_source import (
@@ -63,7 +60,6 @@ from experience.services.dataset_source import (
     filters_clean,
     runs_matching,
     source_run_batches,
-    store_order,
 )
 
 log = logging.getLogger("trove.datasets")
@@ -74,14 +70,11 @@ MANIFEST_FILE = "manifest.json"
 # Read the store in a process of its own during a build (see `_read_aside`), and how many batches it may
 # have read ahead.
 READ_ASIDE = True
-READERS = 2  # reader processes, each reading a share of the runs (see `_read_aside`)
-READ_AHEAD_BATCHES = 2  # per reader
-READER_PATIENCE_S = 5.0  # how often a reader with a full queue checks that its parent is alive
+READERS = 2  # reader processes, each building the shard of a share of the tasks (see `_shards_aside`)
+READER_PATIENCE_S = 5.0  # how long the builder waits on its readers before it checks they are alive
 READER_GC_THRESHOLD = 50_000  # allocations between the reader's young collections (see `_collect_less`)
 BUILD_GC_THRESHOLD = READER_GC_THRESHOLD  # the same, in the builder while a build runs (`_collector_relaxed`)
-# Kinds whose rows the reader process makes too, handing over rows rather than steps (`_handed_over`):
-# where the work splits between the two processes. Empty: the reader hands over whole runs.
-READER_MAKES_ROWS = frozenset({"value"})
+SHARD_PREFIX = "shard-"  # a reader's directory inside the build's scratch directory
 
 
 # --- specs and filters -----------------------------------------------------------------------------------
@@ -292,9 +285,10 @@ def _build_files(version: DatasetVersion) -> dict[str, Any]:
     progress = Progress(show=_show_progress(version.pk))
     try:
         with _collector_relaxed():
-            manifest = distill(
-                _labelled(spec, progress), spec, out_dir=scratch, curation_version=curation_version()
-            )
+            shards = _build_shards(spec, scratch, progress, curation_version())
+            manifest = merge_shards(shards, out_dir=scratch)
+        for shard_dir in scratch.glob(f"{SHARD_PREFIX}*"):
+            shard_dir.rmdir()  # emptied by the merge
         manifest["store"] = {"runs_read": progress.runs, "steps_read": progress.steps}
         (scratch / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True))
         scratch.rename(final)
@@ -303,13 +297,20 @@ def _build_files(version: DatasetVersion) -> dict[str, Any]:
     return manifest
 
 
-def _labelled(spec: DatasetSpec, progress: Progress) -> Iterator[SourceRun]:
-    """The spec's runs, writing each batch's rubric labels as it passes (a batch or two in memory at a
-    time). Read in a process of its own when it can be (`_read_aside`), else here."""
+def _build_shards(spec: DatasetSpec, out_dir: Path, progress: Progress, curation: str) -> list[Shard]:
+    """The build's shards: made by READERS forked processes side by side when it can be (`_shards_aside`),
+    else one shard, here."""
     if READ_ASIDE and connection.vendor == "postgresql" and not connection.in_atomic_block:
-        yield from _read_aside(spec, progress)
-        return
-    for batch in _labelled_batches(spec, progress):
+        return _shards_aside(spec, out_dir, progress, curation)
+    return [distill_shard(_labelled(spec, progress), spec, out_dir=out_dir, curation_version=curation)]
+
+
+def _labelled(
+    spec: DatasetSpec, progress: Progress, share: tuple[int, int] | None = None
+) -> Iterator[SourceRun]:
+    """The spec's runs (those of one share, if given), writing each batch's rubric labels as it passes
+    (a batch or two in memory at a time)."""
+    for batch in _labelled_batches(spec, progress, share=share):
         yield from batch
 
 
@@ -324,7 +325,7 @@ def _labelled_batches(
         if keep_digests:
             batch = [_digested(run) for run in batch]
         read = [run for run in batch if run.record.steps or run.digest is not None]
-        labels = {run.row_id: _label_changes(run) for run in read}  # the rubric, made here in a reader
+        labels = {run.row_id: _label_changes(run) for run in read}  # the rubric, made here
         rubric_labels_write(runs=read, labels=labels)
         if keep_digests:
             digests_write(read, labels)
@@ -339,31 +340,29 @@ def _digested(run: StoredRun) -> StoredRun:
     return dataclasses.replace(run, digest=derive(run.record, run.scored))
 
 
-def _read_aside(spec: DatasetSpec, progress: Progress) -> Iterator[SourceRun]:
-    """`_labelled_batches` run by READERS forked processes, each on its own database connection and
-    reading its own share of the runs (by id modulo READERS), handing this one pickled batches through a
-    bounded queue each; the shares are merged back into store order here. Reading the store, rebuilding
-    records, the rubric and (for a value set) the rows cost more than encoding and writing them, so two
-    readers and this writer keep two cores busy. Like the read path's prefetch, only outside a transaction
-    (a reader cannot see what this connection has not committed). An error in a reader is raised here;
-    the readers are ended if this side stops first."""
+def _shards_aside(spec: DatasetSpec, out_dir: Path, progress: Progress, curation: str) -> list[Shard]:
+    """READERS forked processes, each on its own database connection, each building the shard of the runs
+    whose task falls to it (`source_run_batches(share=...)`: whole tasks, as pairs and balancing need)
+    into a directory of its own: reading the store, the rubric, the rows and writing them, side by side on
+    as many cores. They report progress and hand back their `Shard` (its manifest and file list) through
+    one queue; `merge_shards` puts them together. Like the read path's prefetch, only outside a transaction
+    (a reader cannot see what this connection has not committed). An error in a reader is raised here, as
+    is a reader that ended without a word; the readers are ended if this side stops first."""
     context = multiprocessing.get_context("fork")
-    queues: list[Any] = []
-    readers = []
-    for index in range(READERS):
-        batches: Any = context.Queue(maxsize=READ_AHEAD_BATCHES)
-        reader = context.Process(
-            target=_reader_main,
-            args=(spec, (index, READERS), batches),
-            name=f"dataset-reader-{index}",
+    reports: Any = context.Queue()
+    readers = [
+        context.Process(
+            target=_shard_main,
+            args=(spec, (index, READERS), out_dir / f"{SHARD_PREFIX}{index}", curation, reports),
+            name=f"dataset-shard-{index}",
             daemon=True,
         )
-        queues.append(batches)
-        readers.append(reader)
+        for index in range(READERS)
+    ]
     for reader in readers:
         reader.start()
     try:
-        yield from heapq.merge(*(_received(batches, progress) for batches in queues), key=store_order)
+        return _shards_collected(readers, reports, progress)
     finally:
         for reader in readers:
             if reader.is_alive():
@@ -371,65 +370,70 @@ def _read_aside(spec: DatasetSpec, progress: Progress) -> Iterator[SourceRun]:
             reader.join()
 
 
-def _received(batches: Any, progress: Progress) -> Iterator[StoredRun]:
-    """One reader's runs, in store order, counted into `progress` as its batches arrive."""
-    while True:
-        kind, value = batches.get()
-        if kind == "batch":
-            data, runs, steps = value
-            progress.add(runs=runs, steps=steps)
-            yield from _unpickled(data)
-        elif kind == "done":
-            return
-        else:
+def _shards_collected(readers: list[Any], reports: Any, progress: Progress) -> list[Shard]:
+    """The readers' shards, in reader order, their progress added up into `progress` as it comes."""
+    shards: dict[int, Shard] = {}
+    counted = [(0, 0)] * len(readers)
+    silent: set[int] = set()  # readers found ended at the last quiet spell
+    while len(shards) < len(readers):
+        try:
+            index, kind, value = reports.get(timeout=READER_PATIENCE_S)
+        except queue.Empty:
+            silent = _ended_silently(readers, shards, silent)
+            continue
+        if kind == "error":
             raise value
+        runs, steps = value[:2]
+        progress.add(runs=runs - counted[index][0], steps=steps - counted[index][1])
+        counted[index] = (runs, steps)
+        if kind == "done":
+            shards[index] = value[2]
+    return [shards[index] for index in range(len(readers))]
 
 
-def _reader_main(spec: DatasetSpec, share: tuple[int, int], batches: Any) -> None:
-    """A reader process: on fresh connections (the inherited ones belong to the parent, whose session
-    holds the build's lock: they are set aside, never closed, and the process ends with os._exit)."""
+def _ended_silently(readers: list[Any], done: Mapping[int, Shard], suspects: set[int]) -> set[int]:
+    """The readers that have ended without handing back their shard. One found so twice in a row (a whole
+    READER_PATIENCE_S apart, time enough for anything it sent before it ended to arrive) was killed or
+    crashed: raised as an error."""
+    ended = {
+        index for index, reader in enumerate(readers) if index not in done and reader.exitcode is not None
+    }
+    for index in sorted(ended & suspects):
+        raise RuntimeError(
+            f"dataset reader {index} ended (exit code {readers[index].exitcode}) before it finished its shard"
+        )
+    return ended
+
+
+def _shard_main(
+    spec: DatasetSpec, share: tuple[int, int], out_dir: Path, curation: str, reports: Any
+) -> None:
+    """A reader process, on fresh connections (the inherited ones belong to the parent, whose session
+    holds the build's lock: they are set aside, never closed, and the process ends with os._exit). It ends
+    itself if the parent dies (nobody would merge its shard)."""
     for alias in connections.all():
         _PARENT_CONNECTIONS.append(alias.connection)  # kept alive: closing one would end the parent's
         alias.connection = None
     _collect_less()
-    parent = os.getppid()
+    parent, index = os.getppid(), share[0]
+
+    def report(runs: int, steps: int) -> None:
+        if os.getppid() != parent:
+            os._exit(1)
+        reports.put((index, "progress", (runs, steps)))
+
     try:
-        for batch in _labelled_batches(spec, Progress(), share=share):
-            steps = sum(run.steps_read for run in batch)
-            # Pickled here, so the parent receives bytes and unpickles them with its collector paused.
-            data = pickle.dumps(_handed_over(batch, spec), protocol=pickle.HIGHEST_PROTOCOL)
-            _hand_over(batches, ("batch", (data, len(batch), steps)), parent)
-        _hand_over(batches, ("done", None), parent)
+        progress = Progress(show=report)
+        shard = distill_shard(
+            _labelled(spec, progress, share), spec, out_dir=out_dir, curation_version=curation
+        )
+        reports.put((index, "done", (progress.runs, progress.steps, shard)))
     except BaseException as error:  # noqa: BLE001 - handed to the parent, which raises it
-        _hand_over(batches, ("error", _picklable(error)), parent)
+        reports.put((index, "error", _picklable(error)))
     finally:
         connections.close_all()
-        batches.close()
-        batches.join_thread()
-
-
-def _handed_over(batch: list[StoredRun], spec: DatasetSpec) -> list[StoredRun]:
-    """What the reader sends of a batch. For a kind in READER_MAKES_ROWS each run the spec uses goes
-    with its rows made (`SourceRun.value_rows`) and without its steps or rubric: the builder reads
-    nothing else of it (selection and the manifest read the run's fields and stored content hash). The
-    rows are a third of the steps' pickle and unpickle far faster, and making them moves work from the
-    builder, the slower half, to the reader."""
-    if spec.kind not in READER_MAKES_ROWS:
-        return batch
-    return [_with_rows(run, spec) for run in batch]
-
-
-def _with_rows(run: StoredRun, spec: DatasetSpec) -> StoredRun:
-    if not run.steps_read or not run.content_hash or exclusion_reason(run, spec) is not None:
-        return run  # nothing to make, or a left-out run (already without steps)
-    rows = tuple(run_value_rows(run, spec))
-    return dataclasses.replace(
-        run,
-        record=dataclasses.replace(run.record, steps=[]),
-        value_rows=rows,
-        digest=None,
-        digest_labels=None,
-    )
+        reports.close()
+        reports.join_thread()
 
 
 def _collect_less() -> None:
@@ -442,25 +446,6 @@ def _collect_less() -> None:
     gc.freeze()
     _, middle, oldest = gc.get_threshold()
     gc.set_threshold(READER_GC_THRESHOLD, middle, oldest)
-
-
-def _hand_over(batches: Any, item: tuple[str, Any], parent: int) -> None:
-    """Queue an item for the parent; end this process if the parent has died (nobody will read it)."""
-    while True:
-        try:
-            batches.put(item, timeout=READER_PATIENCE_S)
-            return
-        except queue.Full:
-            if os.getppid() != parent:
-                os._exit(1)
-
-
-def _unpickled(data: bytes) -> list[StoredRun]:
-    """A reader's batch, unpickled with the garbage collector paused: a batch is many thousands of new
-    objects, all alive and acyclic, and unpickling them with collections on (one per 700 new objects,
-    the older ones walking the whole heap) took three times as long."""
-    with _collector_paused():
-        return pickle.loads(data)
 
 
 class _ProcessWideSetting:
@@ -489,17 +474,6 @@ class _ProcessWideSetting:
                     self._restore(self._before)
 
 
-def _disable_collector() -> bool:
-    enabled = gc.isenabled()
-    gc.disable()
-    return enabled
-
-
-def _enable_collector_if(was_enabled: bool) -> None:
-    if was_enabled:
-        gc.enable()
-
-
 def _raise_collection_threshold() -> tuple[int, int, int]:
     before = gc.get_threshold()
     gc.set_threshold(BUILD_GC_THRESHOLD, *before[1:])
@@ -510,14 +484,7 @@ def _set_collection_threshold(threshold: tuple[int, int, int]) -> None:
     gc.set_threshold(*threshold)
 
 
-_PAUSED = _ProcessWideSetting(_disable_collector, _enable_collector_if)
 _RELAXED = _ProcessWideSetting(_raise_collection_threshold, _set_collection_threshold)
-
-
-def _collector_paused() -> AbstractContextManager[None]:
-    """`gc` disabled inside, and enabled again after the last concurrent pause ends if it was enabled
-    before the first began (the switch is process-wide)."""
-    return _PAUSED.held()
 
 
 def _collector_relaxed() -> AbstractContextManager[None]:
@@ -702,13 +669,11 @@ def version_file(*, version: DatasetVersion, name: str) -> Path:
 
 
 def version_rows(*, version: DatasetVersion, split: str) -> Iterator[dict[str, Any]]:
-    """A ready version's rows of one split, read back from its JSONL.gz file one line at a time."""
-    name = f"{split}.jsonl.gz"
-    if name not in version.files:
-        return
-    with gzip.open(version_file(version=version, name=name), "rt", encoding="utf-8") as handle:
-        for line in handle:
-            yield json.loads(line)
+    """A ready version's rows of one split, read back from its JSONL.gz parts one line at a time."""
+    for name in split_parts(version.files, split, "jsonl.gz"):
+        with gzip.open(version_file(version=version, name=name), "rt", encoding="utf-8") as handle:
+            for line in handle:
+                yield json.loads(line)
 
 
 def version_compare(*, a: DatasetVersion, b: DatasetVersion) -> dict[str, Any]:
