@@ -14,6 +14,7 @@ task, so each shard makes exactly the rows a single pass would make of its runs.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -141,7 +142,10 @@ def distill_shard(
             files.write(row, line)
     finally:
         results = files.close()
-    return Shard(builder, results)
+    # Hashed here, where a build's shards do it side by side, rather than when they are merged.
+    return Shard(
+        builder, [dataclasses.replace(result, sha256=_file_sha256(Path(result.path))) for result in results]
+    )
 
 
 def merge_shards(shards: Sequence[Shard], *, out_dir: str | Path) -> dict[str, Any]:
@@ -170,7 +174,7 @@ def merge_shards(shards: Sequence[Shard], *, out_dir: str | Path) -> dict[str, A
         for index, result in enumerate(named):
             target = directory / part_name(name, index, len(named))
             os.replace(result.path, target)
-            moved.append(WriteResult(str(target), result.rows, result.bytes))
+            moved.append(dataclasses.replace(result, path=str(target)))
     manifest["files"] = [_describe(result) for result in sorted(moved, key=lambda r: r.path)]
     return manifest
 
@@ -196,7 +200,7 @@ def _describe(result: WriteResult) -> dict[str, Any]:
         "name": Path(result.path).name,
         "rows": result.rows,
         "bytes": result.bytes,
-        "sha256": _file_sha256(Path(result.path)),
+        "sha256": result.sha256 or _file_sha256(Path(result.path)),
     }
 
 

@@ -60,6 +60,7 @@ class WriteResult:
     path: str
     rows: int
     bytes: int
+    sha256: str = ""  # of the file's bytes, once someone has read them (`build.distill_shard` does)
 
 
 def encode_row(row: Row) -> bytes:
