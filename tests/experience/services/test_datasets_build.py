@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gc
 import gzip
+import hashlib
 import json
 import multiprocessing
 import os
-import pickle
+import queue
+import signal
 import threading
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
+from experience.distill.build import split_parts
 from experience.distill.errors import EmptyDatasetError
 from experience.distill.rubric import LABELS, RUBRIC_VERSION, per_step_labels
 from experience.distill.spec import DatasetSpec
-from experience.distill.values import value_rows
 from experience.errors import Conflict, ValidationError
 from experience.models import DatasetVersion, Label, Trajectory
 from experience.records import MessageRecord, StepRecord
@@ -447,22 +452,6 @@ def test_outside_a_transaction_the_next_batch_is_fetched_ahead_on_its_own_connec
     assert threading.current_thread().name in fetch_threads, "the in-line pass fetched on this thread"
 
 
-def test_the_collector_is_paused_while_any_build_unpickles_and_restored_after_the_last():
-    assert gc.isenabled()
-    with datasets._collector_paused():
-        with datasets._collector_paused():
-            assert not gc.isenabled()
-        assert not gc.isenabled(), "another build is still unpickling"
-    assert gc.isenabled()
-    gc.disable()
-    try:
-        with datasets._collector_paused():
-            pass
-        assert not gc.isenabled(), "a collector someone else disabled stays disabled"
-    finally:
-        gc.enable()
-
-
 @pytest.mark.django_db(transaction=True)
 def test_the_reader_process_collects_garbage_rarely_and_leaves_the_builders_collector_alone(
     monkeypatch, tmp_path
@@ -486,38 +475,85 @@ def test_the_reader_process_collects_garbage_rarely_and_leaves_the_builders_coll
     assert gc.get_threshold() == threshold
 
 
+def share_of(task_key: str, n: int) -> int:
+    """The share of n a task falls to: the first byte of its key's sha256, modulo n."""
+    return hashlib.sha256(task_key.encode()).digest()[0] % n
+
+
+def sorted_rows(version: DatasetVersion, split: str) -> list[str]:
+    return sorted(
+        json.dumps(row, sort_keys=True) for row in datasets.version_rows(version=version, split=split)
+    )
+
+
+def labels_stored() -> list[tuple]:
+    return sorted(Label.objects.values_list("trajectory_id", "name", "value", "step_id"))
+
+
 @pytest.mark.django_db(transaction=True)
-def test_outside_a_transaction_a_reader_process_reads_the_store_and_the_build_is_the_same(
-    monkeypatch, tmp_path
-):
+def test_outside_a_transaction_reader_processes_build_shards_and_the_build_is_the_same(monkeypatch, tmp_path):
     monkeypatch.setattr(dataset_source, "RUN_BATCH", 2)
     store_tasks(TASKS[:3], good=1, bad=2)
+    assert {share_of(task, 2) for task in TASKS[:3]} == {0, 1}, "each reader has tasks to build"
     pids = tmp_path / "reader-pids"
     real_batches = datasets._labelled_batches
 
-    def watched(spec, progress, share=None):
+    def watched(spec, progress, *, share=None):
         with pids.open("a") as handle:  # a file: the readers are other processes
             handle.write(f"{os.getpid()} {share}\n")
         yield from real_batches(spec, progress, share=share)
 
     monkeypatch.setattr(datasets, "_labelled_batches", watched)
     aside = build(name="aside")
-    labels_aside = sorted(Label.objects.values_list("trajectory_id", "name", "value", "step_id"))
+    labels_aside = labels_stored()
+    again = build(name="aside")  # the same setup again: the same files, byte for byte
     Label.objects.all().delete()
     monkeypatch.setattr(datasets, "READ_ASIDE", False)
     in_line = build(name="in-line")
 
     *readers, (last_pid, last_share) = [line.split(" ", 1) for line in pids.read_text().splitlines()]
-    assert len(readers) == datasets.READERS == 2
+    assert len(readers) == 2 * datasets.READERS == 4
     assert {share for _, share in readers} == {"(0, 2)", "(1, 2)"}, "each reader reads its own share"
-    assert len({pid for pid, _ in readers}) == 2 and str(os.getpid()) not in {pid for pid, _ in readers}
+    assert len({pid for pid, _ in readers}) == 4 and str(os.getpid()) not in {pid for pid, _ in readers}
     assert (last_pid, last_share) == (str(os.getpid()), "None"), "the in-line build reads everything here"
-    assert aside.status == in_line.status == "ready"
+    assert aside.status == in_line.status == again.status == "ready"
     assert aside.content_hash == in_line.content_hash
+    assert aside.row_count == in_line.row_count == aside.manifest["rows"] > 0
     assert aside.manifest["store"] == in_line.manifest["store"] and aside.manifest["store"]["runs_read"] == 9
-    assert [f["sha256"] for f in aside.manifest["files"]] == [f["sha256"] for f in in_line.manifest["files"]]
-    assert labels_aside == sorted(Label.objects.values_list("trajectory_id", "name", "value", "step_id"))
-    assert len(labels_aside) == 9 * len(LABELS)
+    assert aside.manifest["splits"] == in_line.manifest["splits"]
+    assert aside.manifest["task_rows"] == in_line.manifest["task_rows"]
+    for split in ("train", "val", "test"):
+        assert sorted_rows(aside, split) == sorted_rows(in_line, split), split
+    assert labels_aside == labels_stored() and len(labels_aside) == 9 * len(LABELS)
+    assert {f["name"]: f["sha256"] for f in again.manifest["files"]} == {
+        f["name"]: f["sha256"] for f in aside.manifest["files"]
+    }
+    # The in-line build is one shard: a part of one per split. The aside build's parts are numbered over
+    # the readers that made rows of the split, in reader order, each holding only its reader's tasks.
+    files = {entry["name"]: entry for entry in aside.manifest["files"]}
+    assert {entry["name"] for entry in in_line.manifest["files"]} == {
+        f"{split}-00000-of-00001.{ext}"
+        for split, counts in in_line.manifest["splits"].items()
+        if counts["rows"]
+        for ext in ("jsonl.gz", "parquet")
+    }
+    assert set(files) == {name for name in aside.files if name != datasets.MANIFEST_FILE}
+    most_parts = 0
+    for split, counts in aside.manifest["splits"].items():
+        for ext in ("jsonl.gz", "parquet"):
+            parts = split_parts(files, split, ext)
+            assert parts == [f"{split}-{k:05d}-of-{len(parts):05d}.{ext}" for k in range(len(parts))]
+            assert sum(files[part]["rows"] for part in parts) == counts["rows"]
+        parts = split_parts(files, split, "jsonl.gz")
+        most_parts = max(most_parts, len(parts))
+        shares = []
+        for part in parts:
+            with gzip.open(datasets.version_file(version=aside, name=part), "rt") as handle:
+                tasks = {json.loads(line)["task_key"] for line in handle}
+            assert len({share_of(task, 2) for task in tasks}) == 1, f"{part} holds one reader's tasks"
+            shares.append(share_of(next(iter(tasks)), 2))
+        assert shares == sorted(set(shares)), "one part per reader, in reader order"
+    assert most_parts == 2, "a split with rows from both readers"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -536,34 +572,127 @@ def test_an_error_in_the_reader_process_fails_the_version_with_that_error(monkey
     assert not Path(datasets.version_dir(version)).exists()
 
 
-def test_a_reader_whose_parent_is_gone_ends_instead_of_waiting_on_a_full_queue(monkeypatch):
-    monkeypatch.setattr(datasets, "READER_PATIENCE_S", 0.05)
-    context = multiprocessing.get_context("fork")
-    full = context.Queue(maxsize=1)
-    full.put("unread")
-    # -1 is nobody's parent: to the reader, its parent has gone.
-    reader = context.Process(target=datasets._hand_over, args=(full, ("batch", []), -1))
-
-    reader.start()
-    reader.join(timeout=30)
-
-    assert reader.exitcode == 1
-
-
-@pytest.mark.django_db
-def test_the_reader_hands_over_a_value_sets_rows_instead_of_steps_and_other_kinds_whole():
-    store_tasks(TASKS[:2], good=1, bad=1)
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_shares_of_the_readers_are_whole_tasks_disjoint_and_together_all_the_runs(monkeypatch, n):
+    monkeypatch.setattr(dataset_source, "RUN_BATCH", 3)
+    store_tasks(TASKS, good=1, bad=2)
     spec = datasets.spec_for(kind="value")
-    runs = list(dataset_source.source_runs(spec))
+    every = [run.row_id for run in dataset_source.source_runs(spec)]
 
-    handed = pickle.loads(pickle.dumps(datasets._handed_over(runs, spec)))
+    shares = [
+        [run for batch in dataset_source.source_run_batches(spec, share=(k, n)) for run in batch]
+        for k in range(n)
+    ]
 
-    assert len(handed) == len(runs) == 4
-    assert all(run.record.steps == [] and run.value_rows for run in handed)
-    assert [run.content_hash for run in handed] == [run.content_hash for run in runs]
-    assert list(value_rows(handed, spec)) == list(value_rows(runs, spec))
-    outcome = datasets.spec_for(kind="outcome")
-    assert datasets._handed_over(runs, outcome) is runs  # the builder makes those rows from the steps
+    ids = [run.row_id for share in shares for run in share]
+    assert len(ids) == len(set(ids)) == len(every) == 3 * len(TASKS) and set(ids) == set(every)
+    tasks = [{run.task_key for run in share} for share in shares]
+    assert all(tasks), "every share has tasks"
+    for k, share in enumerate(tasks):
+        assert share == {task for task in TASKS if share_of(task, n) == k}, "whole tasks, by their key's hash"
+    for share in shares:
+        keys = [(run.task_key, run.row_id) for run in share]
+        assert keys == sorted(keys), "each share in store order"
+
+
+@pytest.mark.timeout(120)  # a dead reader not noticed would leave the builder waiting
+@pytest.mark.django_db(transaction=True)
+def test_a_reader_killed_mid_build_fails_the_version_naming_it_and_leaves_no_files(monkeypatch, dataset_dir):
+    monkeypatch.setattr(dataset_source, "RUN_BATCH", 2)
+    monkeypatch.setattr(datasets, "READER_PATIENCE_S", 0.2)
+    store_tasks(TASKS[:4], good=1, bad=2)
+    assert {share_of(task, 2) for task in TASKS[:4]} == {0, 1}
+    builder = os.getpid()
+    real_batches = datasets._labelled_batches
+
+    def killed_after_a_batch(spec, progress, *, share=None):
+        batches = real_batches(spec, progress, share=share)
+        yield next(batches)
+        if os.getpid() != builder and share == (1, 2):  # reader 1, once it has written a batch's rows
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield from batches
+
+    monkeypatch.setattr(datasets, "_labelled_batches", killed_after_a_batch)
+
+    version = build(name="killed")
+
+    assert version.status == "failed"
+    assert version.error == (
+        "internal error: RuntimeError: dataset reader 1 ended (exit code -9) before it finished its shard"
+    )
+    assert version.files == {} and not Path(datasets.version_dir(version)).exists()
+    assert (dataset_dir / "killed").is_dir()  # where the scratch directory was
+    assert list((dataset_dir / "killed").iterdir()) == [], "no scratch directory is left behind"
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _orphan_a_reader(spec, out_dir, reports, started: Path, verdict: Path) -> None:
+    """A process that adopts its orphaned descendants (a subreaper): it starts a go-between that starts a
+    reader (`_shard_main`) and leaves once the reader is reading, so the reader's parent is gone; the
+    reader comes to this process, which waits for it and writes its exit code to `verdict`."""
+    try:
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+        go_between = multiprocessing.get_context("fork").Process(
+            target=_start_a_reader_and_leave, args=(spec, out_dir, reports, started)
+        )
+        go_between.start()
+        go_between.join()
+        _, status = os.waitpid(int(started.read_text()), 0)
+        verdict.write_text(str(os.waitstatus_to_exitcode(status)))
+    except BaseException as error:  # noqa: BLE001 - told to the test
+        verdict.write_text(f"{type(error).__name__}: {error}")
+    os._exit(0)
+
+
+def _start_a_reader_and_leave(spec, out_dir, reports, started: Path) -> None:
+    reader = multiprocessing.get_context("fork").Process(
+        target=datasets._shard_main, args=(spec, (0, 1), out_dir, "curation-event-0", reports)
+    )
+    reader.start()
+    while not started.exists():  # the reader has noted its parent (this process) and is reading
+        time.sleep(0.01)
+    os._exit(0)  # no atexit: the reader is not ended by multiprocessing
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reader_whose_parent_is_gone_ends_at_its_next_progress_report(monkeypatch, tmp_path):
+    store_tasks(TASKS[:2], good=1, bad=1)
+    monkeypatch.setattr(dataset_source, "PROGRESS_EVERY_S", 0.0)  # a report at each batch
+    started, verdict = tmp_path / "reader-pid", tmp_path / "verdict"
+    real_batches = datasets._labelled_batches
+
+    def reads_once_its_parent_is_gone(spec, progress, *, share=None):
+        parent = os.getppid()
+        (tmp_path / "pid.tmp").write_text(str(os.getpid()))
+        os.replace(tmp_path / "pid.tmp", started)
+        while os.getppid() == parent:
+            time.sleep(0.01)
+        yield from real_batches(spec, progress, share=share)
+
+    monkeypatch.setattr(datasets, "_labelled_batches", reads_once_its_parent_is_gone)
+    context = multiprocessing.get_context("fork")
+    reports = context.Queue()
+    subreaper = context.Process(
+        target=_orphan_a_reader,
+        args=(DatasetSpec(kind="value"), tmp_path / "shard-0", reports, started, verdict),
+    )
+
+    subreaper.start()
+    subreaper.join(timeout=120)
+
+    if subreaper.is_alive():
+        subreaper.kill()
+        subreaper.join()
+        if started.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(started.read_text()), signal.SIGKILL)
+        pytest.fail("the orphaned reader did not end")
+    assert verdict.read_text() == "1", "the reader ended itself (os._exit(1)) at its next progress report"
+    with pytest.raises(queue.Empty):
+        reports.get(timeout=1)  # neither progress nor a shard: it told nobody
 
 
 def test_the_builders_young_collections_are_rare_while_any_build_runs_and_restored_after_the_last():
@@ -581,9 +710,9 @@ def test_a_build_makes_its_rows_with_the_raised_collection_threshold(monkeypatch
     seen = []
     real_labelled = datasets._labelled
 
-    def watched(spec, progress):
+    def watched(spec, progress, share=None):
         seen.append(gc.get_threshold()[0])
-        yield from real_labelled(spec, progress)
+        yield from real_labelled(spec, progress, share)
 
     monkeypatch.setattr(datasets, "_labelled", watched)
     before = gc.get_threshold()

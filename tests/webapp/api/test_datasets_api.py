@@ -64,7 +64,8 @@ def test_a_trainer_creates_a_dataset_whose_build_is_enqueued_then_polls_it_until
     assert detail["status"] == "ready" and detail["row_count"] == detail["manifest"]["rows"] == 180
     assert detail["spec"]["gamma"] == 0.9 and detail["manifest"]["spec"]["filters"] == {"task_sets": ["unit"]}
     names = [f["name"] for f in detail["files"]]
-    assert "manifest.json" in names and "train.jsonl.gz" in names and "train.parquet" in names
+    assert "manifest.json" in names  # one part per split file: the in-line (test) build is one shard
+    assert "train-00000-of-00001.jsonl.gz" in names and "train-00000-of-00001.parquet" in names
     assert all(f["url"].startswith("http://testserver/api/v1/datasets/demo-value/versions/1/files/") for f in detail["files"])
     assert build_dataset_version(body["version"]["id"]) == "ready", "a redelivered build does nothing"
 
@@ -114,14 +115,14 @@ def test_a_taken_name_is_a_409(api):
 def test_download_with_a_token_streams_the_exact_file(api, dataset_dir):
     store_tasks(TASKS)
     version = ready_version()
-    on_disk = (dataset_dir / version.files["train.parquet"]).read_bytes()
+    on_disk = (dataset_dir / version.files["train-00000-of-00001.parquet"]).read_bytes()
 
-    response = api.get("/api/v1/datasets/set/versions/1/files/train.parquet",
+    response = api.get("/api/v1/datasets/set/versions/1/files/train-00000-of-00001.parquet",
                        HTTP_ACCEPT="application/octet-stream")
 
     assert response.status_code == 200 and response.streaming
     assert b"".join(response.streaming_content) == on_disk
-    assert response["Content-Disposition"] == 'attachment; filename="set-v1-train.parquet"'
+    assert response["Content-Disposition"] == 'attachment; filename="set-v1-train-00000-of-00001.parquet"'
     assert int(response["Content-Length"]) == len(on_disk)
 
 
@@ -129,10 +130,10 @@ def test_a_download_needs_a_token_and_a_file_the_version_lists(api):
     store_tasks(TASKS[:3])
     ready_version()
 
-    anonymous = APIClient().get("/api/v1/datasets/set/versions/1/files/train.jsonl.gz")
+    anonymous = APIClient().get("/api/v1/datasets/set/versions/1/files/train-00000-of-00001.jsonl.gz")
     missing = api.get("/api/v1/datasets/set/versions/1/files/settings.py", HTTP_ACCEPT="application/octet-stream")
     escape = api.get("/api/v1/datasets/set/versions/1/files/..%2F..%2Fsecret")
-    unknown_version = api.get("/api/v1/datasets/set/versions/7/files/train.jsonl.gz")
+    unknown_version = api.get("/api/v1/datasets/set/versions/7/files/train-00000-of-00001.jsonl.gz")
 
     assert anonymous.status_code == 401
     assert missing.status_code == 404 and missing.json()["detail"] == "set v1 has no file 'settings.py'"

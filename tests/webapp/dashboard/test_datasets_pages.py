@@ -62,7 +62,7 @@ def test_the_spec_form_builds_a_dataset_and_the_page_follows_it_to_its_stats(
     assert "other" not in re.findall(r"<title>([^:]+):", page)
     for split in ("train", "val", "test"):
         assert f'<span class="swatch split-{split}"></span> {split}' in page
-    assert 'href="/api/v1/datasets/from-form/versions/1/files/train.parquet"' in page
+    assert 'href="/api/v1/datasets/from-form/versions/1/files/train-00000-of-00001.parquet"' in page
 
 
 def test_a_spec_matching_nothing_comes_back_to_the_form_with_the_reason(browser):
