@@ -33,6 +33,7 @@ import queue
 import re
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
@@ -67,14 +68,14 @@ log = logging.getLogger("trove.datasets")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 LABEL_SOURCE = "rubric"
 MANIFEST_FILE = "manifest.json"
-# Read the store in a process of its own during a build (see `_read_aside`), and how many batches it may
-# have read ahead.
+# Build in reader processes side by side when it can be (see `_shards_aside`).
 READ_ASIDE = True
 READERS = 2  # reader processes, each building the shard of a share of the tasks (see `_shards_aside`)
 READER_PATIENCE_S = 5.0  # how long the builder waits on its readers before it checks they are alive
 READER_GC_THRESHOLD = 50_000  # allocations between the reader's young collections (see `_collect_less`)
 BUILD_GC_THRESHOLD = READER_GC_THRESHOLD  # the same, in the builder while a build runs (`_collector_relaxed`)
 SHARD_PREFIX = "shard-"  # a reader's directory inside the build's scratch directory
+SHARD_RESULT = "shard.pickle"  # in it, what the reader hands back (`_shard_received`)
 
 
 # --- specs and filters -----------------------------------------------------------------------------------
@@ -371,38 +372,46 @@ def _shards_aside(spec: DatasetSpec, out_dir: Path, progress: Progress, curation
 
 
 def _shards_collected(readers: list[Any], reports: Any, progress: Progress) -> list[Shard]:
-    """The readers' shards, in reader order, their progress added up into `progress` as it comes."""
+    """The readers' shards, in reader order, their progress added up into `progress` as it comes. A reader
+    found ended without handing back its shard, and still so READER_PATIENCE_S later (time enough for
+    anything it sent before it ended to arrive), was killed or crashed: raised as an error."""
     shards: dict[int, Shard] = {}
     counted = [(0, 0)] * len(readers)
-    silent: set[int] = set()  # readers found ended at the last quiet spell
+    ended_at: dict[int, float] = {}  # readers found ended without their shard, and when
     while len(shards) < len(readers):
         try:
             index, kind, value = reports.get(timeout=READER_PATIENCE_S)
         except queue.Empty:
-            silent = _ended_silently(readers, shards, silent)
-            continue
+            index, kind, value = -1, "", None
         if kind == "error":
             raise value
-        runs, steps = value[:2]
-        progress.add(runs=runs - counted[index][0], steps=steps - counted[index][1])
-        counted[index] = (runs, steps)
+        if kind:
+            runs, steps = value[:2]
+            progress.add(runs=runs - counted[index][0], steps=steps - counted[index][1])
+            counted[index] = (runs, steps)
         if kind == "done":
-            shards[index] = value[2]
+            shards[index] = _shard_received(Path(value[2]))
+        _check_ended(readers, shards, ended_at)
     return [shards[index] for index in range(len(readers))]
 
 
-def _ended_silently(readers: list[Any], done: Mapping[int, Shard], suspects: set[int]) -> set[int]:
-    """The readers that have ended without handing back their shard. One found so twice in a row (a whole
-    READER_PATIENCE_S apart, time enough for anything it sent before it ended to arrive) was killed or
-    crashed: raised as an error."""
-    ended = {
-        index for index, reader in enumerate(readers) if index not in done and reader.exitcode is not None
-    }
-    for index in sorted(ended & suspects):
-        raise RuntimeError(
-            f"dataset reader {index} ended (exit code {readers[index].exitcode}) before it finished its shard"
-        )
-    return ended
+def _check_ended(readers: list[Any], done: Mapping[int, Shard], ended_at: dict[int, float]) -> None:
+    now = time.monotonic()
+    for index, reader in enumerate(readers):
+        if index in done or reader.exitcode is None:
+            continue
+        if now - ended_at.setdefault(index, now) >= READER_PATIENCE_S:
+            raise RuntimeError(
+                f"dataset reader {index} ended (exit code {reader.exitcode}) before it finished its shard"
+            )
+
+
+def _shard_received(path: Path) -> Shard:
+    """A reader's shard, from the file it left it in (the queue carries only its name: a pickle bigger
+    than the pipe's buffer would keep a reader whose parent died waiting to write it, forever)."""
+    shard = pickle.loads(path.read_bytes())
+    path.unlink()
+    return shard
 
 
 def _shard_main(
@@ -427,7 +436,9 @@ def _shard_main(
         shard = distill_shard(
             _labelled(spec, progress, share), spec, out_dir=out_dir, curation_version=curation
         )
-        reports.put((index, "done", (progress.runs, progress.steps, shard)))
+        result = out_dir / SHARD_RESULT
+        result.write_bytes(pickle.dumps(shard, protocol=pickle.HIGHEST_PROTOCOL))
+        reports.put((index, "done", (progress.runs, progress.steps, str(result))))
     except BaseException as error:  # noqa: BLE001 - handed to the parent, which raises it
         reports.put((index, "error", _picklable(error)))
     finally:
