@@ -166,6 +166,8 @@ CELERY_BEAT_SCHEDULE = {
     "rollouts-reap-stale": {"task": "trove.rollouts.reap_stale", "schedule": 15.0},
     # finished runs not yet embedded are deduplicated in batches (experience.services.dedup)
     "experience-dedup-pending": {"task": "trove.experience.dedup_pending", "schedule": 5.0, "options": {"expires": 5}},
+    # finished runs get their distillation digest kept, in batches (experience.services.datasets)
+    "datasets-digest-pending": {"task": "trove.datasets.digest_pending", "schedule": 5.0, "options": {"expires": 5}},
     # search documents are built after ingest, in batches (experience.services.search_index)
     "experience-search-index": {"task": "trove.search.index", "schedule": 10.0, "options": {"expires": 10}},
 }

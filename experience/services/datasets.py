@@ -46,13 +46,13 @@ from django.db.models import Count, Max, Q, QuerySet
 from django.utils import timezone
 
 from experience.distill.build import Shard, distill_shard, merge_shards, split_parts
-from experience.distill.digest import derive
+from experience.distill.digest import DIGEST_VERSION, derive
 from experience.distill.errors import EmptyDatasetError, SpecError
 from experience.distill.rubric import RUBRIC_VERSION
 from experience.distill.source import CURATION_REJECTED, UNUSABLE_STATUSES, SourceRun
 from experience.distill.spec import DatasetSpec
 from experience.errors import Conflict, NotFound, TroveError, ValidationError
-from experience.models import CurationEvent, Dataset, DatasetVersion, Label, Trajectory
+from experience.models import CurationEvent, Dataset, DatasetVersion, Label, Trajectory, TrajectoryDigest
 from experience.services.dataset_source import (
     Progress,
     StoredRun,
@@ -61,6 +61,7 @@ from experience.services.dataset_source import (
     filters_clean,
     runs_matching,
     source_run_batches,
+    stored_run_batches,
 )
 
 log = logging.getLogger("trove.datasets")
@@ -76,6 +77,7 @@ READER_GC_THRESHOLD = 50_000  # allocations between the reader's young collectio
 BUILD_GC_THRESHOLD = READER_GC_THRESHOLD  # the same, in the builder while a build runs (`_collector_relaxed`)
 SHARD_PREFIX = "shard-"  # a reader's directory inside the build's scratch directory
 SHARD_RESULT = "shard.pickle"  # in it, what the reader hands back (`_shard_received`)
+PENDING_DIGESTS = 200  # runs one `digests_derive_pending` call derives at most (a beat tick's work)
 
 
 # --- specs and filters -----------------------------------------------------------------------------------
@@ -323,14 +325,49 @@ def _labelled_batches(
     gets its digest derived and kept, and runs come as their kept digest where they have one."""
     keep_digests = digests_kept(spec)
     for batch in source_run_batches(spec, progress=progress, share=share, digests=keep_digests):
-        if keep_digests:
-            batch = [_digested(run) for run in batch]
-        read = [run for run in batch if run.record.steps or run.digest is not None]
-        labels = {run.row_id: _label_changes(run) for run in read}  # the rubric, made here
-        rubric_labels_write(runs=read, labels=labels)
-        if keep_digests:
-            digests_write(read, labels)
-        yield batch
+        yield _labelled_batch(batch, keep_digests=keep_digests)
+
+
+def _labelled_batch(batch: list[StoredRun], *, keep_digests: bool) -> list[StoredRun]:
+    """A batch with its rubric labels written (and, with `keep_digests`, the digests of the runs read with
+    their steps derived and kept)."""
+    if keep_digests:
+        batch = [_digested(run) for run in batch]
+    read = [run for run in batch if run.record.steps or run.digest is not None]
+    labels = {run.row_id: _label_changes(run) for run in read}  # the rubric, made here
+    rubric_labels_write(runs=read, labels=labels)
+    if keep_digests:
+        digests_write(read, labels)
+    return batch
+
+
+def digest_pending_runs() -> QuerySet[Trajectory]:
+    """Runs a value build would read (finished, with an outcome and steps) that have no digest of this
+    version kept, oldest first."""
+    kept = TrajectoryDigest.objects.filter(version=DIGEST_VERSION).values("trajectory_id")
+    return (
+        Trajectory.objects.exclude(status__in=UNUSABLE_STATUSES)
+        .filter(Q(success__isnull=False) | Q(reward__isnull=False), n_steps__gt=0)
+        .exclude(id__in=kept)
+        .order_by("id")
+    )
+
+
+def digests_derive_pending(*, limit: int = PENDING_DIGESTS) -> int:
+    """Derive and keep the digests (and write the rubric labels) of up to `limit` runs that have none
+    (`digest_pending_runs`), so builds find them kept: the beat's `trove.datasets.digest_pending` calls
+    this after ingest, whichever path stored the run, and `manage.py digest_runs` backfills a store.
+    Postgres only (elsewhere builds keep no digests): returns how many runs were derived."""
+    if connection.vendor != "postgresql":
+        return 0
+    ids = list(digest_pending_runs().values_list("id", flat=True)[:limit])
+    if not ids:
+        return 0
+    spec = DatasetSpec(kind="value", include_duplicates=True, include_rejected=True)
+    derived = 0
+    for batch in stored_run_batches(Trajectory.objects.filter(id__in=ids), spec):
+        derived += sum(1 for run in _labelled_batch(batch, keep_digests=True) if run.digest is not None)
+    return derived
 
 
 def _digested(run: StoredRun) -> StoredRun:
