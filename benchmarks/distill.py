@@ -15,12 +15,17 @@ Figures, each measured in a child process (so its peak RSS is its own, read with
 - read_rows_per_s: the build's read path alone (`dataset_source.source_runs`: trajectory rows through a
   server-side cursor, steps and blobs a batch at a time, records rebuilt), step rows per second.
 - rows_per_s: the whole build (`dataset_version_build` of a `value` spec over the 1,000,000 steps:
-  read, rubric labels, value rows, JSONL.gz and Parquet per split, manifest), step rows per second.
+  read, rubric labels, value rows, JSONL.gz and Parquet per split, manifest), step rows per second, on
+  a store whose runs have their digest kept (`TrajectoryDigest`: what the beat derives after ingest, and
+  any earlier value build keeps), so the build reads each run's digest instead of its steps.
   dataset_rows_per_s and output_mb_per_s say what it wrote. build_cpu_seconds_1m / read_cpu_seconds_1m:
-  the CPU time they took (the build's reader process included), which a busy machine inflates less than
+  the CPU time they took (the build's reader processes included), which a busy machine inflates less than
   the wall time.
+- first_build_rows_per_s: the same build on a store with no digest kept (every digest deleted first): it
+  reads every run's steps, derives their digests and keeps them; first_build_cpu_seconds_1m its CPU time.
+  The difference is what deriving digests costs, paid once per run (after ingest, or by the first build).
 - peak_rss_mb_100k / peak_rss_mb_1m: peak RSS of the build child at 100,000 and at 1,000,000 steps, plus
-  that of its reader process (the sum of the two peaks: an upper bound).
+  READERS times the largest peak of its reader processes (an upper bound).
 
 Targets: read path and build at least a quarter of the COPY rate; peak memory at 1M at most 1.5x that at
 100k. The last line printed is one JSON object.
@@ -326,12 +331,14 @@ def child(args: argparse.Namespace) -> None:
     """One measured build (or read pass) in this process; prints its figures as JSON."""
     from django.conf import settings
 
-    from experience.models import Label
+    from experience.models import Label, TrajectoryDigest
     from experience.services import dataset_source, datasets
 
     settings.TROVE_DATASET_DIR = Path(args.out_dir)
     filters = {"task_sets": [args.task_set]} if args.task_set else {}
-    Label.objects.all().delete()  # every build is a first build: it writes its rubric labels
+    Label.objects.all().delete()  # every build writes its rubric labels
+    if args.drop_digests:
+        TrajectoryDigest.objects.all().delete()
     started, cpu_started = time.perf_counter(), cpu_seconds()
     if args.child == "read":
         runs = steps = 0
@@ -346,12 +353,14 @@ def child(args: argparse.Namespace) -> None:
         assert version.status == "ready", version.error
         out = sum(entry["bytes"] for entry in version.manifest["files"])
         result = {"runs": version.manifest["store"]["runs_read"], "steps": version.manifest["store"]["steps_read"],
-                  "dataset_rows": version.row_count, "output_bytes": out}  # fmt: skip
+                  "dataset_rows": version.row_count, "output_bytes": out, "content_hash": version.content_hash}  # fmt: skip
     result["seconds"] = time.perf_counter() - started
     result["cpu_seconds"] = cpu_seconds() - cpu_started
-    # The build reads the store in a forked reader process (`datasets._read_aside`): its peak counts too.
+    # The build runs in forked reader processes (`datasets._shards_aside`): their peaks count too. RUSAGE_CHILDREN
+    # gives the largest peak of any of them.
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    result["peak_rss_mb"] = (own + resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+    readers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * datasets.READERS
+    result["peak_rss_mb"] = (own + readers) / 1024
     print(json.dumps(result), flush=True)
 
 
@@ -361,10 +370,14 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def run_child(args: argparse.Namespace, kind: str, task_set: str, out_dir: str) -> dict[str, Any]:
+def run_child(
+    args: argparse.Namespace, kind: str, task_set: str, out_dir: str, *, drop_digests: bool = False
+) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", kind, "--database-url", args.database_url, "--out-dir", out_dir]
     if task_set:
         command += ["--task-set", task_set]
+    if drop_digests:
+        command.append("--drop-digests")
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"child {kind} failed:\n{done.stderr[-4000:]}")
@@ -380,6 +393,7 @@ def main() -> None:
     parser.add_argument("--child", choices=("read", "build"), help=argparse.SUPPRESS)
     parser.add_argument("--task-set", default="", help=argparse.SUPPRESS)
     parser.add_argument("--out-dir", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--drop-digests", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         setup_django(args.database_url)
@@ -400,6 +414,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="trove-bench-distill-") as out_dir:
         read = run_child(args, "read", "", out_dir)
         log(f"read path: {read['steps'] / read['seconds']:.0f} steps/s, peak {read['peak_rss_mb']:.0f} MB")
+        first = run_child(args, "build", "", out_dir, drop_digests=True)
+        log(f"first build 1m (no digests kept): {first['steps']} steps in {first['seconds']:.1f} s")
         small = run_child(args, "build", SMALL_SET, out_dir)
         log(f"build 100k: {small['steps']} steps in {small['seconds']:.1f} s, peak {small['peak_rss_mb']:.0f} MB")
         large = run_child(args, "build", "", out_dir)
@@ -418,6 +434,11 @@ def main() -> None:
         "read_cpu_seconds_1m": round(read["cpu_seconds"], 1),
         "read_vs_copy": round(read["steps"] / read["seconds"] / floor["rows_per_s"], 3),
         "build_vs_copy": round(large["steps"] / large["seconds"] / floor["rows_per_s"], 3),
+        "first_build_rows_per_s": round(first["steps"] / first["seconds"]),
+        "first_build_seconds_1m": round(first["seconds"], 1),
+        "first_build_cpu_seconds_1m": round(first["cpu_seconds"], 1),
+        "first_build_vs_copy": round(first["steps"] / first["seconds"] / floor["rows_per_s"], 3),
+        "first_build_content_hash_matches": first["content_hash"] == large["content_hash"],
         "peak_rss_mb_read_1m": round(read["peak_rss_mb"], 1),
         "peak_rss_mb_100k": round(small["peak_rss_mb"], 1),
         "peak_rss_mb_1m": round(large["peak_rss_mb"], 1),
