@@ -264,6 +264,7 @@ class TrajectoryDigest(models.Model):
     n_steps = models.PositiveIntegerField()
     labels = models.JSONField(default=list, help_text="the rubric's label changes: [name, value, step id]")
     data = models.BinaryField(help_text="zstd-compressed JSON (experience.distill.digest.RunDigest.encode)")
+    error = models.TextField(blank=True, help_text="why deriving it failed (then `data` is empty and unread)")
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

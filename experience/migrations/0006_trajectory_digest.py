@@ -39,6 +39,10 @@ class Migration(migrations.Migration):
                     ),
                 ),
                 ("data", models.BinaryField(help_text="zstd-compressed JSON (experience.distill.digest.RunDigest.encode)")),
+                (
+                    "error",
+                    models.TextField(blank=True, help_text="why deriving it failed (then `data` is empty and unread)"),
+                ),
                 ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
         ),

@@ -591,18 +591,19 @@ class _KeptDigest(NamedTuple):
 
 _DIGESTS_SQL = (
     f"SELECT trajectory_id, instruction_sha256, steps_sha256, n_steps, labels::text, data "
-    f"FROM {TrajectoryDigest._meta.db_table} WHERE trajectory_id = ANY(%s) AND version = %s"
+    f"FROM {TrajectoryDigest._meta.db_table} WHERE trajectory_id = ANY(%s) AND version = %s AND error = ''"
 )
 _DIGEST_UPSERT = f"""
 INSERT INTO {TrajectoryDigest._meta.db_table} AS kept
-    (trajectory_id, version, instruction_sha256, steps_sha256, n_steps, labels, data, created_at)
-SELECT d.trajectory_id, %s, d.instruction_sha256, d.steps_sha256, d.n_steps, d.labels::jsonb, d.data, now()
+    (trajectory_id, version, instruction_sha256, steps_sha256, n_steps, labels, data, error, created_at)
+SELECT d.trajectory_id, %s, d.instruction_sha256, d.steps_sha256, d.n_steps, d.labels::jsonb, d.data, '', now()
 FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::int[], %s::text[], %s::bytea[])
     AS d(trajectory_id, instruction_sha256, steps_sha256, n_steps, labels, data)
 WHERE (SELECT count(*) FROM {Step._meta.db_table} s WHERE s.trajectory_id = d.trajectory_id) = d.n_steps
 ON CONFLICT (trajectory_id) DO UPDATE SET version = excluded.version,
     instruction_sha256 = excluded.instruction_sha256, steps_sha256 = excluded.steps_sha256,
-    n_steps = excluded.n_steps, labels = excluded.labels, data = excluded.data, created_at = excluded.created_at
+    n_steps = excluded.n_steps, labels = excluded.labels, data = excluded.data, error = '',
+    created_at = excluded.created_at
 """
 
 
@@ -623,6 +624,18 @@ def _kept_digests(trajectory_ids: list[int], instructions: Mapping[int, str]) ->
         for trajectory_id, instruction_sha, steps_sha, n_steps, labels, data in rows
         if instruction_sha == instruction_hash(instructions[trajectory_id])
     }
+
+
+def digest_failures_write(failures: Mapping[int, str]) -> None:
+    """Record that these runs' digests could not be derived (by id: the error): a digest row of this
+    version with the error and no data, which builds do not read (they derive the digest again, and meet
+    the error themselves) and which takes the run off the pending list until its steps change."""
+    for trajectory_id, error in failures.items():
+        TrajectoryDigest.objects.update_or_create(
+            trajectory_id=trajectory_id,
+            defaults={"version": DIGEST_VERSION, "instruction_sha256": "", "steps_sha256": "", "n_steps": 0,
+                      "labels": [], "data": b"", "error": error[:2000]},
+        )  # fmt: skip
 
 
 def digests_write(runs: Iterable[StoredRun], labels: Mapping[int, list[tuple[str, bool, int | None]]]) -> int:

@@ -42,7 +42,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, connections, transaction
-from django.db.models import Count, Max, Q, QuerySet
+from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from experience.distill.build import Shard, distill_shard, merge_shards, split_parts
@@ -52,10 +52,19 @@ from experience.distill.rubric import RUBRIC_VERSION
 from experience.distill.source import CURATION_REJECTED, UNUSABLE_STATUSES, SourceRun
 from experience.distill.spec import DatasetSpec
 from experience.errors import Conflict, NotFound, TroveError, ValidationError
-from experience.models import CurationEvent, Dataset, DatasetVersion, Label, Trajectory, TrajectoryDigest
+from experience.models import (
+    CurationEvent,
+    Dataset,
+    DatasetVersion,
+    Label,
+    Step,
+    Trajectory,
+    TrajectoryDigest,
+)
 from experience.services.dataset_source import (
     Progress,
     StoredRun,
+    digest_failures_write,
     digests_kept,
     digests_write,
     filters_clean,
@@ -343,11 +352,12 @@ def _labelled_batch(batch: list[StoredRun], *, keep_digests: bool) -> list[Store
 
 def digest_pending_runs() -> QuerySet[Trajectory]:
     """Runs a value build would read (finished, with an outcome and steps) that have no digest of this
-    version kept, oldest first."""
+    version kept (nor a failed attempt at one: `TrajectoryDigest.error`), oldest first."""
     kept = TrajectoryDigest.objects.filter(version=DIGEST_VERSION).values("trajectory_id")
     return (
         Trajectory.objects.exclude(status__in=UNUSABLE_STATUSES)
-        .filter(Q(success__isnull=False) | Q(reward__isnull=False), n_steps__gt=0)
+        .filter(Q(success__isnull=False) | Q(reward__isnull=False))
+        .filter(Exists(Step.objects.filter(trajectory_id=OuterRef("pk"))))
         .exclude(id__in=kept)
         .order_by("id")
     )
@@ -366,8 +376,24 @@ def digests_derive_pending(*, limit: int = PENDING_DIGESTS) -> int:
     spec = DatasetSpec(kind="value", include_duplicates=True, include_rejected=True)
     derived = 0
     for batch in stored_run_batches(Trajectory.objects.filter(id__in=ids), spec):
-        derived += sum(1 for run in _labelled_batch(batch, keep_digests=True) if run.digest is not None)
+        ready, failed = _each_digested(batch)
+        derived += sum(1 for run in _labelled_batch(ready, keep_digests=True) if run.digest is not None)
+        digest_failures_write(failed)
     return derived
+
+
+def _each_digested(batch: list[StoredRun]) -> tuple[list[StoredRun], dict[int, str]]:
+    """The batch with each run's digest derived, but for the runs whose derivation raised (left out, with
+    the error by id): one run the detectors choke on must not stop the others, nor be tried for ever."""
+    ready: list[StoredRun] = []
+    failed: dict[int, str] = {}
+    for run in batch:
+        try:
+            ready.append(_digested(run))
+        except Exception as error:  # noqa: BLE001 - recorded on the run's digest row, and logged
+            log.warning("run %s: its digest could not be derived", run.row_id, exc_info=True)
+            failed[run.row_id] = f"{type(error).__name__}: {error}"
+    return ready, failed
 
 
 def _digested(run: StoredRun) -> StoredRun:

@@ -395,11 +395,6 @@ def test_digest_runs_refuses_a_batch_below_one(batch):
     assert digest_rows() == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="source bug: a run with n_steps > 0 but no Step rows left is pending for ever and is never "
-    "derived; `limit` such runs at the head of the queue starve every later run (the beat and digest_runs)",
-)
 def test_runs_that_cannot_be_derived_do_not_starve_the_runs_after_them():
     stuck = [store_run(TASKS[0]), store_run(TASKS[1])]
     Step.objects.filter(trajectory__in=stuck).delete()  # n_steps still says 10: nothing to derive from
@@ -408,3 +403,35 @@ def test_runs_that_cannot_be_derived_do_not_starve_the_runs_after_them():
     call_command("digest_runs", "--batch", "2", stdout=StringIO(), stderr=StringIO())
 
     assert {run.pk for run in later} <= set(digest_rows())
+
+
+def test_a_run_whose_digest_cannot_be_derived_is_recorded_and_the_others_go_on(monkeypatch):
+    broken, fine = store_run(TASKS[0]), store_run(TASKS[1])
+    real = datasets.derive
+
+    def derive(record, scored=None):
+        if record.task_key == TASKS[0]:
+            raise ValueError("the detectors choked")
+        return real(record, scored)
+
+    monkeypatch.setattr(datasets, "derive", derive)
+
+    assert datasets.digests_derive_pending() == 1
+    failed = TrajectoryDigest.objects.get(trajectory=broken)
+    assert failed.version == DIGEST_VERSION and failed.error == "ValueError: the detectors choked"
+    assert bytes(failed.data) == b"" and TrajectoryDigest.objects.get(trajectory=fine).error == ""
+    assert not datasets.digest_pending_runs().exists(), "a failed run is not tried again and again"
+    assert datasets.digests_derive_pending() == 0
+
+    monkeypatch.setattr(datasets, "derive", real)
+    read: list[list[int]] = []
+    real_step_rows = dataset_source._step_rows
+    monkeypatch.setattr(dataset_source, "_step_rows", lambda ids: read.append(ids) or real_step_rows(ids))
+    version = datasets.dataset_version_build(
+        version_id=datasets.dataset_version_request(
+            dataset=datasets.dataset_create(name="after", kind="value")
+        ).pk
+    )
+    assert version.status == "ready"
+    assert read == [[broken.pk]], "a build does not read a failed digest: it reads that run's steps"
+    assert TrajectoryDigest.objects.get(trajectory=broken).error == "", "and keeps the digest it derives"
