@@ -17,12 +17,14 @@ Figures, each measured in a child process (so its peak RSS is its own, read with
 - rows_per_s: the whole build (`dataset_version_build` of a `value` spec over the 1,000,000 steps:
   read, rubric labels, value rows, JSONL.gz and Parquet per split, manifest), step rows per second, on
   a store whose runs have their digest kept (`TrajectoryDigest`: what the beat derives after ingest, and
-  any earlier value build keeps), so the build reads each run's digest instead of its steps.
+  any earlier value build keeps, writing the runs' rubric labels at the same time), so the build reads
+  each run's digest instead of its steps, and finds their labels written.
   dataset_rows_per_s and output_mb_per_s say what it wrote. build_cpu_seconds_1m / read_cpu_seconds_1m:
   the CPU time they took (the build's reader processes included), which a busy machine inflates less than
   the wall time.
-- first_build_rows_per_s: the same build on a store with no digest kept (every digest deleted first): it
-  reads every run's steps, derives their digests and keeps them; first_build_cpu_seconds_1m its CPU time.
+- first_build_rows_per_s: the same build on a store with no digest kept and no rubric label written (both
+  deleted first): it reads every run's steps, derives and keeps their digests and writes their labels;
+  first_build_cpu_seconds_1m its CPU time.
   The difference is what deriving digests costs, paid once per run (after ingest, or by the first build).
 - peak_rss_mb_100k / peak_rss_mb_1m: peak RSS of the build child at 100,000 and at 1,000,000 steps, plus
   READERS times the largest peak of its reader processes (an upper bound).
@@ -336,9 +338,9 @@ def child(args: argparse.Namespace) -> None:
 
     settings.TROVE_DATASET_DIR = Path(args.out_dir)
     filters = {"task_sets": [args.task_set]} if args.task_set else {}
-    Label.objects.all().delete()  # every build writes its rubric labels
-    if args.drop_digests:
+    if args.drop_digests:  # a first build: it derives and keeps every digest and writes the rubric labels
         TrajectoryDigest.objects.all().delete()
+        Label.objects.all().delete()
     started, cpu_started = time.perf_counter(), cpu_seconds()
     if args.child == "read":
         runs = steps = 0

@@ -275,7 +275,12 @@ class Label(models.Model):
     """A label on a run or one of its steps: process-rubric detectors, curators, value models."""
 
     trajectory = models.ForeignKey(Trajectory, on_delete=models.CASCADE, related_name="labels")
-    step = models.ForeignKey(Step, null=True, blank=True, on_delete=models.CASCADE, related_name="labels")
+    # Not a database constraint: checking it locks each referenced step row (FOR KEY SHARE), which dirtied
+    # the steps' pages and cost Postgres ~10 s per 1M steps' worth of rubric labels; deleting a step still
+    # deletes its labels (the ORM cascades), and labels are only written for steps just read.
+    step = models.ForeignKey(
+        Step, null=True, blank=True, on_delete=models.CASCADE, related_name="labels", db_constraint=False
+    )
     name = models.CharField(max_length=100)
     value = models.JSONField()
     source = models.CharField(max_length=32, default="rubric", help_text="rubric | human | model")
