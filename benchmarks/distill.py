@@ -332,7 +332,6 @@ def copy_floor() -> dict[str, Any]:
 def child(args: argparse.Namespace) -> None:
     """One measured build (or read pass) in this process; prints its figures as JSON."""
     from django.conf import settings
-
     from django.db import connection
 
     from experience.models import Label, TrajectoryDigest
