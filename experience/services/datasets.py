@@ -401,7 +401,10 @@ def _digested(run: StoredRun) -> StoredRun:
     keep; any other run as it is."""
     if not run.record.steps or run.digest is not None:
         return run
-    return dataclasses.replace(run, digest=derive(run.record, run.scored))
+    scored = run.scored
+    digested = dataclasses.replace(run, digest=derive(run.record, scored))
+    digested.__dict__["scored"] = scored  # the copy's cached rubric: made once, read again for the labels
+    return digested
 
 
 def _shards_aside(spec: DatasetSpec, out_dir: Path, progress: Progress, curation: str) -> list[Shard]:
