@@ -52,9 +52,8 @@ def _estimated_rows(table: str) -> int:
 
 
 class CurateActionForm(forms.Form):
-    reason = forms.CharField(
-        required=False, widget=forms.TextInput(attrs={"size": 60}), help_text="recorded with every change"
-    )
+    reason = forms.CharField(required=False, widget=forms.TextInput(attrs={"size": 60}),
+                             help_text="recorded with every change")
     tags = forms.CharField(required=False, help_text="comma-separated")
     note = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}))
     canonical = forms.IntegerField(required=False, min_value=1, help_text="id of the run these duplicate")
@@ -62,23 +61,12 @@ class CurateActionForm(forms.Form):
 
 # Which extra inputs each action needs on its confirmation page.
 ACTION_FIELDS = {
-    "approve": (),
-    "reject": (),
-    "reset": (),
-    "unmark_duplicate": (),
-    "tag": ("tags",),
-    "untag": ("tags",),
-    "note": ("note",),
-    "mark_duplicate": ("canonical",),
+    "approve": (), "reject": (), "reset": (), "unmark_duplicate": (),
+    "tag": ("tags",), "untag": ("tags",), "note": ("note",), "mark_duplicate": ("canonical",),
 }
 ACTION_LABELS = {
-    "approve": "Approve",
-    "reject": "Reject",
-    "reset": "Reset curation to pending",
-    "tag": "Add tags",
-    "untag": "Remove tags",
-    "note": "Add a note",
-    "mark_duplicate": "Mark as duplicates",
+    "approve": "Approve", "reject": "Reject", "reset": "Reset curation to pending", "tag": "Add tags",
+    "untag": "Remove tags", "note": "Add a note", "mark_duplicate": "Mark as duplicates",
     "unmark_duplicate": "Unmark duplicates",
 }
 
@@ -108,39 +96,13 @@ class CurationEventInline(admin.TabularInline):
 
 @admin.register(Trajectory)
 class TrajectoryAdmin(admin.ModelAdmin):
-    list_display = (
-        "id",
-        "task_key",
-        "source",
-        "source_format",
-        "model",
-        "status",
-        "reward",
-        "success",
-        "n_steps",
-        "curation_status",
-        "is_duplicate",
-        "tags",
-        "created_at",
-    )
+    list_display = ("id", "task_key", "source", "source_format", "model", "status", "reward", "success", "n_steps",
+                    "curation_status", "is_duplicate", "tags", "created_at")
     list_filter = ("status", "curation_status", "is_duplicate", "source", "source_format", "harness")
     search_fields = ("task_key__exact", "source_ref__exact", "model__exact", "content_hash__exact")
-    readonly_fields = (
-        "uid",
-        "content_hash",
-        "next_seq",
-        "created_at",
-        "updated_at",
-        "original_blob",
-        "curation_status",
-        "tags",
-        "notes",
-        "is_duplicate",
-        "canonical",
-        "cluster",
-        "similarity",
-        "search_indexed",
-    )
+    readonly_fields = ("uid", "content_hash", "next_seq", "created_at", "updated_at", "original_blob",
+                       "curation_status", "tags", "notes", "is_duplicate", "canonical", "cluster", "similarity",
+                       "search_indexed")
     raw_id_fields = ("canonical", "cluster")
     inlines = [CurationEventInline]
     show_full_result_count = False  # counting a large table on every page is the slow part
@@ -163,23 +125,13 @@ class TrajectoryAdmin(admin.ModelAdmin):
             data = form.cleaned_data
             try:
                 result = trajectories_curate(
-                    trajectories=queryset,
-                    action=action,
-                    actor=request.user,
-                    reason=data["reason"],
-                    tags=data["tags"].split(","),
-                    note=data["note"],
-                    canonical_id=data["canonical"],
-                )
+                    trajectories=queryset, action=action, actor=request.user, reason=data["reason"],
+                    tags=data["tags"].split(","), note=data["note"], canonical_id=data["canonical"])
             except TroveError as error:
                 self.message_user(request, error.message, messages.ERROR)
                 return None
-            self.message_user(
-                request,
-                f"{ACTION_LABELS[action]}: {result.changed} of {result.matched} runs changed "
-                "(each recorded as a curation event).",
-                messages.SUCCESS,
-            )
+            self.message_user(request, f"{ACTION_LABELS[action]}: {result.changed} of {result.matched} runs changed "
+                                       "(each recorded as a curation event).", messages.SUCCESS)
             return None
         return self._confirmation(request, queryset, action, form)
 

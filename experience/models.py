@@ -71,12 +71,8 @@ class Trajectory(models.Model):
     next_seq = models.PositiveIntegerField(default=0, help_text="next step number to hand out")
     # dedup: duplicates are marked with their cluster and canonical run, never deleted
     content_hash = models.CharField(max_length=64, blank=True, db_index=True, help_text="exact-dedup hash")
-    cluster = models.ForeignKey(
-        "DedupCluster", null=True, blank=True, on_delete=models.SET_NULL, related_name="members"
-    )
-    canonical = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="duplicates"
-    )
+    cluster = models.ForeignKey("DedupCluster", null=True, blank=True, on_delete=models.SET_NULL, related_name="members")
+    canonical = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="duplicates")
     is_duplicate = models.BooleanField(default=False, db_index=True)
     similarity = models.FloatField(null=True, blank=True, help_text="cosine similarity to the canonical run")
     # curation
@@ -106,9 +102,7 @@ class Trajectory(models.Model):
             # "was this file imported before?" is a lookup by the file's hash
             models.Index(fields=["original_blob"], name="trajectory_original_idx"),
             # the search indexer's queue: small, since runs leave it within seconds of arriving
-            models.Index(
-                fields=["id"], condition=models.Q(search_indexed=False), name="trajectory_unindexed_idx"
-            ),
+            models.Index(fields=["id"], condition=models.Q(search_indexed=False), name="trajectory_unindexed_idx"),
         ]
 
     def __str__(self) -> str:
@@ -198,9 +192,7 @@ class CurationEvent(models.Model):
 
     class Meta:
         ordering = ["-id"]
-        indexes = [
-            models.Index(fields=["action"], name="curationevent_action_idx")
-        ]  # the admin's list filter
+        indexes = [models.Index(fields=["action"], name="curationevent_action_idx")]  # the admin's list filter
 
     def __str__(self) -> str:
         return f"{self.action} on trajectory {self.trajectory_id}"
@@ -253,7 +245,7 @@ class TrajectoryDigest(models.Model):
     the first build that reads the run (or `manage.py digest_runs`), so later builds need not read the
     steps again. Valid while `version` is the code's DIGEST_VERSION and `instruction_sha256` matches the
     run's instruction; on Postgres a trigger deletes it when any of the run's steps is inserted, changed
-    (other than its value estimate) or deleted (migration 0006)."""
+    (other than its value estimate) or deleted (migration 0007)."""
 
     trajectory = models.OneToOneField(
         Trajectory, on_delete=models.CASCADE, primary_key=True, related_name="digest"

@@ -80,9 +80,7 @@ class TrajectoryFilters:
         return params
 
 
-def trajectory_search(
-    *, filters: TrajectoryFilters, queryset: QuerySet[Trajectory] | None = None
-) -> QuerySet[Trajectory]:
+def trajectory_search(*, filters: TrajectoryFilters, queryset: QuerySet[Trajectory] | None = None) -> QuerySet[Trajectory]:
     """The trajectories matching every filter, newest first, large columns deferred. Lazy: one query."""
     queryset = Trajectory.objects.all() if queryset is None else queryset
     queryset = queryset.filter(_column_filters(filters))
@@ -97,14 +95,8 @@ def trajectory_search(
 
 def _column_filters(filters: TrajectoryFilters) -> Q:
     condition = Q()
-    exact = {
-        "task_key": filters.task,
-        "task_set": filters.task_set,
-        "model": filters.model,
-        "harness": filters.harness,
-        "source": filters.source,
-        "source_format": filters.source_format,
-    }
+    exact = {"task_key": filters.task, "task_set": filters.task_set, "model": filters.model,
+             "harness": filters.harness, "source": filters.source, "source_format": filters.source_format}
     for name, value in exact.items():
         if value:
             condition &= Q(**{name: value})
@@ -202,8 +194,6 @@ def _id_of(item: Any) -> int:
         if hasattr(item, name):
             return int(getattr(item, name))
     raise TypeError(f"similar_runs returned {item!r}, not a run")
-
-
 # --- end of the "similar runs" hook -------------------------------------------------------------------------
 
 
@@ -215,9 +205,7 @@ class Page:
     next_cursor: int | None = None
 
 
-def page_after(
-    queryset: QuerySet[Trajectory], *, after: int | None = None, limit: int = DEFAULT_PAGE
-) -> Page:
+def page_after(queryset: QuerySet[Trajectory], *, after: int | None = None, limit: int = DEFAULT_PAGE) -> Page:
     """The page of `queryset` (ordered by -id) after cursor `after`: one query whatever the table's size."""
     limit = max(1, min(limit, MAX_PAGE))
     if after is not None:
@@ -241,9 +229,7 @@ def filters_from_params(params: Mapping[str, Any]) -> TrajectoryFilters:
     known = {f.name for f in fields(TrajectoryFilters)}
     unknown = sorted(set(params) - known)
     if unknown:
-        raise ValidationError(
-            f"{unknown[0]}: not a filter; known: {', '.join(sorted(known))}", field=unknown[0]
-        )
+        raise ValidationError(f"{unknown[0]}: not a filter; known: {', '.join(sorted(known))}", field=unknown[0])
     values: dict[str, Any] = {name: _text(params, name) for name in _TEXT if name in params}
     if "ids" in params:
         values["ids"] = tuple(_integer(v, "ids") for v in _items(params["ids"]))

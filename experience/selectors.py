@@ -54,16 +54,10 @@ def _width_ms(step: Step) -> float:
     return 0.0
 
 
-def trajectory_timeline(
-    *, trajectory: Trajectory, after_seq: int = -1, limit: int = TIMELINE_PAGE
-) -> list[TimelineStep]:
+def trajectory_timeline(*, trajectory: Trajectory, after_seq: int = -1, limit: int = TIMELINE_PAGE) -> list[TimelineStep]:
     steps = list(Step.objects.filter(trajectory=trajectory, seq__gt=after_seq).order_by("seq")[:limit])
-    origin = (
-        Step.objects.filter(trajectory=trajectory, started_at__isnull=False)
-        .order_by("started_at")
-        .values_list("started_at", flat=True)
-        .first()
-    )
+    origin = Step.objects.filter(trajectory=trajectory, started_at__isnull=False).order_by("started_at").values_list(
+        "started_at", flat=True).first()
     timeline = []
     for step, record in zip(steps, step_records(steps), strict=True):
         offset = (step.started_at - origin).total_seconds() * 1000 if (origin and step.started_at) else None

@@ -210,10 +210,8 @@ def refs_json(refs: dict[str, Any]) -> str:
         elif isinstance(value, list):
             parts.append(f'"{name}":{_digests_json(value)}')
         else:
-            parts.append(
-                f'"{name}":{{"extends":{int(value["extends"])},"keep":{int(value["keep"])},'
-                f'"append":{_digests_json(value["append"])}}}'
-            )
+            parts.append(f'"{name}":{{"extends":{int(value["extends"])},"keep":{int(value["keep"])},'
+                         f'"append":{_digests_json(value["append"])}}}')
     return "{" + ",".join(parts) + "}"
 
 
@@ -257,9 +255,7 @@ def context_length(value: list[str] | dict[str, Any]) -> int:
 
 def context_bases(refs_by_step: Mapping[int, Mapping[str, Any]]) -> set[int]:
     """The steps the contexts among `refs_by_step` extend that are not among them."""
-    bases = {
-        refs[CONTEXT]["extends"] for refs in refs_by_step.values() if is_context_delta(refs.get(CONTEXT))
-    }
+    bases = {refs[CONTEXT]["extends"] for refs in refs_by_step.values() if is_context_delta(refs.get(CONTEXT))}
     return bases - refs_by_step.keys()
 
 
@@ -275,17 +271,13 @@ def full_contexts(
     if wanted is None:
         wanted = (step_id for step_id, refs in refs_by_step.items() if CONTEXT in refs)
     full: dict[int, list[str]] = {}
-    for step_id in sorted(
-        wanted
-    ):  # ascending: a base has a smaller id, so later chains stop at earlier results
+    for step_id in sorted(wanted):  # ascending: a base has a smaller id, so later chains stop at earlier results
         if step_id not in full:
             full[step_id] = _resolve(step_id, refs_by_step, full)
     return full
 
 
-def _resolve(
-    step_id: int, refs_by_step: Mapping[int, Mapping[str, Any]], known: dict[int, list[str]]
-) -> list[str]:
+def _resolve(step_id: int, refs_by_step: Mapping[int, Mapping[str, Any]], known: dict[int, list[str]]) -> list[str]:
     """`step_id`'s full context: walk its deltas down to a full list or a context in `known`, then replay them."""
     chain: list[dict[str, Any]] = []
     current = step_id
@@ -353,9 +345,7 @@ class ContextMessages(dict[str, MessageRecord]):
             if is_context_delta(value):
                 base = built.get(value["extends"])
                 if base is None:
-                    raise KeyError(
-                        f"step {step_id}: the context it extends (step {value['extends']}) was not given"
-                    )
+                    raise KeyError(f"step {step_id}: the context it extends (step {value['extends']}) was not given")
                 messages = base[: value["keep"]]
                 messages += [self[digest] for digest in value["append"]]
             else:
@@ -374,14 +364,8 @@ def json_loads(text: str | bytes) -> Any:
 
 
 def step_record_from_parts(
-    *,
-    kind: str,
-    payload: dict[str, Any],
-    blob_refs: dict[str, Any],
-    blobs: Mapping[str, bytes],
-    context: list[MessageRecord] | None = None,
-    own_payload: bool = False,
-    **columns: Any,
+    *, kind: str, payload: dict[str, Any], blob_refs: dict[str, Any], blobs: Mapping[str, bytes],
+    context: list[MessageRecord] | None = None, own_payload: bool = False, **columns: Any
 ) -> StepRecord:
     """The inverse of prepare_step: rebuild a StepRecord from a row's fields and its fetched blobs.
 
@@ -418,9 +402,7 @@ def step_record_from_parts(
 
 def _request_messages(digests: Any, blobs: Mapping[str, bytes]) -> list[MessageRecord]:
     if is_context_delta(digests):
-        raise ValueError(
-            "a context stored as a delta: resolve it first (full_contexts, stored.step_contexts)"
-        )
+        raise ValueError("a context stored as a delta: resolve it first (full_contexts, stored.step_contexts)")
     return [MessageRecord(**json.loads(blobs[h])) for h in digests]
 
 

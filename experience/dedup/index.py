@@ -208,9 +208,7 @@ class VectorIndex:
         with np.load(Path(path), allow_pickle=False) as archive:
             meta = json.loads(archive["meta"].tobytes().decode())
             if meta.get("format") != FORMAT_VERSION:
-                raise ValueError(
-                    f"index file format {meta.get('format')} is not {FORMAT_VERSION}; rebuild it"
-                )
+                raise ValueError(f"index file format {meta.get('format')} is not {FORMAT_VERSION}; rebuild it")
             parts = {name: archive[name] for name in archive.files if name != "meta"}
         index = cls(
             meta["dim"],

@@ -93,29 +93,14 @@ class Shard:
 
 
 def distill(
-    runs: Iterable[SourceRun],
-    spec: DatasetSpec,
-    *,
-    out_dir: str | Path,
-    label_versions: Mapping[str, str] | None = None,
-    curation_version: str = "",
-    formats: tuple[str, ...] = FORMATS,
-    row_group_rows: int = 10_000,
+    runs: Iterable[SourceRun], spec: DatasetSpec, *, out_dir: str | Path, **options: Any
 ) -> dict[str, Any]:
-    """Build a dataset version into `out_dir` and return its manifest (with a `files` list).
+    """Build a dataset version into `out_dir` in one pass and return its manifest (with a `files` list):
+    one shard (`distill_shard`, which `options` go to), merged.
 
     Raises `EmptyDatasetError` (after removing any file it wrote) when the spec matched no rows.
     """
-    shard = distill_shard(
-        runs,
-        spec,
-        out_dir=out_dir,
-        label_versions=label_versions,
-        curation_version=curation_version,
-        formats=formats,
-        row_group_rows=row_group_rows,
-    )
-    return merge_shards([shard], out_dir=out_dir)
+    return merge_shards([distill_shard(runs, spec, out_dir=out_dir, **options)], out_dir=out_dir)
 
 
 def distill_shard(

@@ -56,15 +56,10 @@ def blobs_store(contents: Mapping[str, bytes]) -> int:
     with transaction.atomic():
         if is_postgres():
             now = timezone.now()
-            ordered = sorted(
-                missing
-            )  # one order for every writer, so two racing on shared content cannot deadlock
+            ordered = sorted(missing)  # one order for every writer, so two racing on shared content cannot deadlock
             copy_ignoring_conflicts(
-                "experience_blob",
-                COLUMNS,
-                lambda: ((d, len(contents[d]), *_encode(contents[d]), now) for d in ordered),
-                conflict="sha256",
-                types=COLUMN_TYPES,
+                "experience_blob", COLUMNS, lambda: ((d, len(contents[d]), *_encode(contents[d]), now) for d in ordered),
+                conflict="sha256", types=COLUMN_TYPES,
             )
         else:
             Blob.objects.bulk_create(
@@ -79,10 +74,8 @@ def _missing(contents: Mapping[str, bytes]) -> list[str]:
         # One text parameter split by Postgres: an IN list of thousands of parameters is slow to build and
         # send, and even an array parameter costs psycopg a Python call per digest to dump.
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT sha256 FROM experience_blob WHERE sha256 = ANY(string_to_array(%s, ','))",
-                [",".join(digests)],
-            )
+            cursor.execute("SELECT sha256 FROM experience_blob WHERE sha256 = ANY(string_to_array(%s, ','))",
+                           [",".join(digests)])
             existing = {row[0] for row in cursor.fetchall()}
     else:
         existing = set()

@@ -51,9 +51,7 @@ def check_curation(
         raise ValidationError(f"tags: {action} needs at least one tag", field="tags")
     for tag in cleaned:
         if len(tag) > MAX_TAG_CHARS:
-            raise ValidationError(
-                f"tags: {tag[:20]!r}… is longer than {MAX_TAG_CHARS} characters", field="tags"
-            )
+            raise ValidationError(f"tags: {tag[:20]!r}… is longer than {MAX_TAG_CHARS} characters", field="tags")
     if action == "note" and not note.strip():
         raise ValidationError("note: the note is empty", field="note")
     if canonical_id is not None and action != "mark_duplicate":
@@ -82,9 +80,7 @@ def trajectories_curate(
     with transaction.atomic():
         rows = _locked_rows(selection)
         if canonical_id is not None and canonical_id in rows:
-            raise ValidationError(
-                "canonical: the canonical run cannot be one of the runs marked", field="canonical"
-            )
+            raise ValidationError("canonical: the canonical run cannot be one of the runs marked", field="canonical")
         changes = _plan(action, rows, tags=cleaned, note=note.strip(), canonical_id=canonical_id)
         _apply(action, changes, note=note.strip(), canonical_id=canonical_id)
         _record(action, changes, actor=actor, reason=reason)
@@ -132,9 +128,7 @@ def _before_after(
         return {"curation_status": row["curation_status"]}, {"curation_status": _STATUS_OF[action]}
     if action in ("tag", "untag"):
         old = list(row["tags"] or [])
-        new = (
-            old + [t for t in tags if t not in old] if action == "tag" else [t for t in old if t not in tags]
-        )
+        new = old + [t for t in tags if t not in old] if action == "tag" else [t for t in old if t not in tags]
         return {"tags": old}, {"tags": new}
     if action == "note":
         return {}, {"note": note}
@@ -158,11 +152,8 @@ def _apply(action: str, changes: list[_Change], *, note: str, canonical_id: int 
     if action in _STATUS_OF:
         _update(ids, curation_status=_STATUS_OF[action], updated_at=now)
     elif action == "note":
-        appended = Case(
-            When(notes="", then=Value(note)),
-            default=Concat("notes", Value("\n" + note)),
-            output_field=TextField(),
-        )
+        appended = Case(When(notes="", then=Value(note)), default=Concat("notes", Value("\n" + note)),
+                        output_field=TextField())
         _update(ids, notes=appended, updated_at=now)
     elif action == "mark_duplicate":
         _update(ids, is_duplicate=True, canonical_id=canonical_id, updated_at=now)
@@ -178,14 +169,8 @@ def _update(ids: list[int], **values: Any) -> None:
 def _record(action: str, changes: list[_Change], *, actor: Any, reason: str) -> None:
     actor_id = getattr(actor, "pk", None)
     events = (
-        CurationEvent(
-            trajectory_id=c.trajectory_id,
-            actor_id=actor_id,
-            action=action,
-            before=c.before,
-            after=c.after,
-            reason=reason,
-        )
+        CurationEvent(trajectory_id=c.trajectory_id, actor_id=actor_id, action=action,
+                      before=c.before, after=c.after, reason=reason)
         for c in changes
     )
     CurationEvent.objects.bulk_create(events, batch_size=_CHUNK)

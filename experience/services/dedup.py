@@ -133,9 +133,7 @@ def _signed(trajectories: list[Trajectory]) -> list[_Signed]:
     signed = []
     for trajectory, record in _action_records(trajectories):
         actions = action_sequence(record)
-        signed.append(
-            _Signed(trajectory, exact_hash(record, actions=actions), signature_text(record, actions=actions))
-        )
+        signed.append(_Signed(trajectory, exact_hash(record, actions=actions), signature_text(record, actions=actions)))
     return signed
 
 
@@ -146,32 +144,20 @@ def _embed(signed: list[_Signed], embedder: Embedder) -> int:
     cache picks it up incrementally; the old id left in the cache maps to no row and is ignored.
     """
     key = embedder_key(embedder)
-    known = dict(
-        TrajectoryEmbedding.objects.filter(
-            trajectory_id__in=[s.trajectory.pk for s in signed], embedder=key
-        ).values_list("trajectory_id", "signature_sha256")
-    )
+    known = dict(TrajectoryEmbedding.objects.filter(
+        trajectory_id__in=[s.trajectory.pk for s in signed], embedder=key).values_list("trajectory_id", "signature_sha256"))
     stale = [s for s in signed if known.get(s.trajectory.pk) != s.sha256]
     _write_hashes([s for s in signed if s.trajectory.content_hash != s.content_hash])
     if not stale:
         return 0
     vectors = embedder.embed([s.text for s in stale])
     with transaction.atomic():
-        TrajectoryEmbedding.objects.filter(
-            trajectory_id__in=[s.trajectory.pk for s in stale], embedder=key
-        ).delete()
-        TrajectoryEmbedding.objects.bulk_create(
-            [
-                TrajectoryEmbedding(
-                    trajectory_id=s.trajectory.pk,
-                    embedder=key,
-                    dim=embedder.dim,
-                    vector=np.asarray(v, dtype=np.float32).tobytes(),
-                    signature_sha256=s.sha256,
-                )
-                for s, v in zip(stale, vectors, strict=True)
-            ]
-        )
+        TrajectoryEmbedding.objects.filter(trajectory_id__in=[s.trajectory.pk for s in stale], embedder=key).delete()
+        TrajectoryEmbedding.objects.bulk_create([
+            TrajectoryEmbedding(trajectory_id=s.trajectory.pk, embedder=key, dim=embedder.dim,
+                                vector=np.asarray(v, dtype=np.float32).tobytes(), signature_sha256=s.sha256)
+            for s, v in zip(stale, vectors, strict=True)
+        ])
     return len(stale)
 
 
@@ -240,9 +226,7 @@ def index_rebuild(*, embedder: Embedder | None = None) -> VectorIndex:
 def _rebuild(embedder: Embedder) -> VectorIndex:
     parts = list(_rows_above(embedder_key(embedder), -1))
     ids = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, dtype=np.int64)
-    vectors = (
-        np.concatenate([p[1] for p in parts]) if parts else np.empty((0, embedder.dim), dtype=np.float32)
-    )
+    vectors = np.concatenate([p[1] for p in parts]) if parts else np.empty((0, embedder.dim), dtype=np.float32)
     index = VectorIndex(embedder.dim, recall_floor=embedder.threshold)
     index.rebuild(ids, vectors)
     _save(index, index_path(embedder))
@@ -263,9 +247,7 @@ def index_refresh(*, embedder: Embedder | None = None) -> VectorIndex:
 def _refresh(embedder: Embedder) -> VectorIndex:
     path, key = index_path(embedder), embedder_key(embedder)
     index = _cached(path)
-    newest = (
-        TrajectoryEmbedding.objects.filter(embedder=key).order_by("-id").values_list("id", flat=True).first()
-    )
+    newest = TrajectoryEmbedding.objects.filter(embedder=key).order_by("-id").values_list("id", flat=True).first()
     if index is None or index.dim != embedder.dim or index.high_water_mark > (newest or -1):
         return _rebuild(embedder)
     added = 0
@@ -322,9 +304,8 @@ def dedup_pending(
 def pending_trajectories(*, embedder: Embedder):
     """Finished runs without an embedding row of this embedder, oldest first."""
     embedded = TrajectoryEmbedding.objects.filter(embedder=embedder_key(embedder)).values("trajectory_id")
-    return (
-        Trajectory.objects.exclude(status=Trajectory.Status.RUNNING).exclude(id__in=embedded).order_by("id")
-    )
+    return (Trajectory.objects.exclude(status=Trajectory.Status.RUNNING).exclude(id__in=embedded)
+            .order_by("id"))
 
 
 class _Placer:
@@ -340,23 +321,12 @@ class _Placer:
 
     def lookup(self, embedding_ids: list[int]) -> dict[int, Member]:
         wanted = [i for i in embedding_ids if i not in self.unplaced]
-        rows = list(
-            TrajectoryEmbedding.objects.filter(pk__in=wanted, embedder=self.key).values_list(
-                "pk",
-                "trajectory_id",
-                "trajectory__task_key",
-                "trajectory__cluster_id",
-                "trajectory__cluster__canonical_id",
-            )
-        )
+        rows = list(TrajectoryEmbedding.objects.filter(pk__in=wanted, embedder=self.key).values_list(
+            "pk", "trajectory_id", "trajectory__task_key", "trajectory__cluster_id", "trajectory__cluster__canonical_id"))
         canonicals = self.embedding_ids([c for *_, c in rows if c is not None])
         return {
-            pk: Member(
-                pk,
-                task_key,
-                f"c{cluster}" if cluster else f"solo{trajectory}",
-                canonicals.get(canonical, pk) if cluster and canonical else pk,
-            )
+            pk: Member(pk, task_key, f"c{cluster}" if cluster else f"solo{trajectory}",
+                       canonicals.get(canonical, pk) if cluster and canonical else pk)
             for pk, trajectory, task_key, cluster, canonical in rows
         }
 
@@ -364,36 +334,22 @@ class _Placer:
         """trajectory id -> its embedding id under this embedder."""
         if not trajectory_ids:
             return {}
-        return dict(
-            TrajectoryEmbedding.objects.filter(
-                trajectory_id__in=trajectory_ids, embedder=self.key
-            ).values_list("trajectory_id", "pk")
-        )
+        return dict(TrajectoryEmbedding.objects.filter(trajectory_id__in=trajectory_ids, embedder=self.key)
+                    .values_list("trajectory_id", "pk"))
 
     def exact_twin(self, trajectory: Trajectory, embedding_id: int) -> Member | None:
         """The earliest placed run with the same exact hash (the hash includes the task)."""
-        twins = (
-            TrajectoryEmbedding.objects.filter(
-                embedder=self.key, trajectory__content_hash=trajectory.content_hash
-            )
-            .exclude(pk__in=self.unplaced | {embedding_id})
-            .order_by("trajectory_id")
-            .values_list("pk", flat=True)
-        )
+        twins = (TrajectoryEmbedding.objects.filter(embedder=self.key, trajectory__content_hash=trajectory.content_hash)
+                 .exclude(pk__in=self.unplaced | {embedding_id}).order_by("trajectory_id").values_list("pk", flat=True))
         first = twins.first()
         return self.lookup([first])[first] if first is not None else None
 
 
-def _place_all(
-    signed: list[_Signed], embedder: Embedder, index: VectorIndex, across_tasks: bool, report: DedupReport
-) -> None:
+def _place_all(signed: list[_Signed], embedder: Embedder, index: VectorIndex, across_tasks: bool,
+               report: DedupReport) -> None:
     key = embedder_key(embedder)
-    rows = {
-        t: (pk, _vector(v))
-        for pk, t, v in TrajectoryEmbedding.objects.filter(
-            trajectory_id__in=[s.trajectory.pk for s in signed], embedder=key
-        ).values_list("pk", "trajectory_id", "vector")
-    }
+    rows = {t: (pk, _vector(v)) for pk, t, v in TrajectoryEmbedding.objects.filter(
+        trajectory_id__in=[s.trajectory.pk for s in signed], embedder=key).values_list("pk", "trajectory_id", "vector")}
     placer = _Placer(key, {rows[s.trajectory.pk][0] for s in signed if s.trajectory.cluster_id is None})
     for item in signed:
         trajectory = item.trajectory
@@ -402,14 +358,8 @@ def _place_all(
         if trajectory.cluster_id is not None:  # placed before (or by a curator): keep it
             continue
         dedup_item = DedupItem(embedding_id, trajectory.task_key, trajectory.content_hash, vector)
-        result = assign(
-            dedup_item,
-            index=index,
-            lookup=placer.lookup,
-            threshold=embedder.threshold,
-            across_tasks=across_tasks,
-            exact_match=placer.exact_twin(trajectory, embedding_id),
-        )
+        result = assign(dedup_item, index=index, lookup=placer.lookup, threshold=embedder.threshold,
+                        across_tasks=across_tasks, exact_match=placer.exact_twin(trajectory, embedding_id))
         placer.unplaced.discard(embedding_id)
         if result.is_duplicate:
             _mark(trajectory, result)
@@ -417,9 +367,7 @@ def _place_all(
 
 
 def _mark(trajectory: Trajectory, result: Assignment) -> None:
-    canonical_id = TrajectoryEmbedding.objects.values_list("trajectory_id", flat=True).get(
-        pk=result.canonical_id
-    )
+    canonical_id = TrajectoryEmbedding.objects.values_list("trajectory_id", flat=True).get(pk=result.canonical_id)
     method = DedupCluster.Method.EXACT if result.match == "exact" else DedupCluster.Method.NEAR
     cluster = _cluster_of(result, canonical_id, method)
     # The cluster's own canonical wins: it may have no vector under this embedder (a curator chose it).
@@ -427,8 +375,7 @@ def _mark(trajectory: Trajectory, result: Assignment) -> None:
     if cluster.method == DedupCluster.Method.EXACT and method == DedupCluster.Method.NEAR:
         cluster.method = method
     Trajectory.objects.filter(pk=trajectory.pk).update(
-        cluster=cluster, canonical_id=canonical_id, is_duplicate=True, similarity=result.similarity
-    )
+        cluster=cluster, canonical_id=canonical_id, is_duplicate=True, similarity=result.similarity)
     trajectory.cluster_id = cluster.pk
     cluster.size = Trajectory.objects.filter(cluster=cluster).count()
     cluster.save(update_fields=["method", "size", "updated_at"])
@@ -439,35 +386,22 @@ def _cluster_of(result: Assignment, canonical_id: int, method: str) -> DedupClus
     if result.cluster_key.startswith("c"):
         return DedupCluster.objects.get(pk=int(result.cluster_key[1:]))
     canonical = Trajectory.objects.get(pk=canonical_id)
-    cluster = DedupCluster.objects.create(
-        task_key=canonical.task_key, method=method, canonical=canonical, size=1
-    )
-    Trajectory.objects.filter(pk=canonical_id).update(
-        cluster=cluster, canonical=None, is_duplicate=False, similarity=1.0
-    )
+    cluster = DedupCluster.objects.create(task_key=canonical.task_key, method=method, canonical=canonical, size=1)
+    Trajectory.objects.filter(pk=canonical_id).update(cluster=cluster, canonical=None, is_duplicate=False, similarity=1.0)
     return cluster
 
 
 # --- batch rebuild -----------------------------------------------------------------------------------------
 
 
-def dedup_rebuild(
-    *,
-    embedder: Embedder | str | None = None,
-    across_tasks: bool = False,
-    batch: int = 500,
-    progress: Any = None,
-) -> dict[str, Any]:
+def dedup_rebuild(*, embedder: Embedder | str | None = None, across_tasks: bool = False, batch: int = 500,
+                  progress: Any = None) -> dict[str, Any]:
     """Re-embed every finished run whose signature or embedder changed, rebuild the index from the rows, and
     re-cluster every automatic cluster in one batch. Curated (manual) clusters and their runs are left as
     they are. `progress(n)` is called as runs are embedded (a progress bar)."""
     embedder = _resolve(embedder)
     embedded = 0
-    finished = (
-        Trajectory.objects.exclude(status=Trajectory.Status.RUNNING)
-        .order_by("id")
-        .values_list("id", flat=True)
-    )
+    finished = Trajectory.objects.exclude(status=Trajectory.Status.RUNNING).order_by("id").values_list("id", flat=True)
     after = 0
     while ids := list(finished.filter(id__gt=after)[:batch]):
         embedded += _embed(_signed(_finished(ids)), embedder)
@@ -477,22 +411,14 @@ def dedup_rebuild(
     with _writer():
         index = _rebuild(embedder)
         clusters = _recluster(embedder, across_tasks)
-    return {
-        "embedder": embedder_key(embedder),
-        "embedded": embedded,
-        "indexed": len(index),
-        "index_kind": index.kind,
-        **clusters,
-    }
+    return {"embedder": embedder_key(embedder), "embedded": embedded, "indexed": len(index),
+            "index_kind": index.kind, **clusters}
 
 
 def _recluster(embedder: Embedder, across_tasks: bool) -> dict[str, int]:
     key = embedder_key(embedder)
-    rows = (
-        TrajectoryEmbedding.objects.filter(embedder=key)
-        .exclude(trajectory__cluster__method=DedupCluster.Method.MANUAL)
-        .values_list("trajectory_id", "trajectory__task_key", "trajectory__content_hash", "vector")
-    )
+    rows = (TrajectoryEmbedding.objects.filter(embedder=key).exclude(trajectory__cluster__method=DedupCluster.Method.MANUAL)
+            .values_list("trajectory_id", "trajectory__task_key", "trajectory__content_hash", "vector"))
     items = [DedupItem(t, task, h, _vector(v)) for t, task, h, v in rows]
     assignments = cluster_items(items, threshold=embedder.threshold, across_tasks=across_tasks)
     automatic = DedupCluster.objects.exclude(method=DedupCluster.Method.MANUAL)
@@ -503,8 +429,7 @@ def _recluster(embedder: Embedder, across_tasks: bool) -> dict[str, int]:
     task_of = {item.id: item.task_key for item in items}
     kept: set[int] = set()
     Trajectory.objects.filter(id__in=[i.id for i in items]).update(
-        cluster=None, canonical=None, is_duplicate=False, similarity=None
-    )
+        cluster=None, canonical=None, is_duplicate=False, similarity=None)
     for canonical_id, members in groups.items():
         if len(members) > 1:
             kept.add(_write_cluster(canonical_id, members, task_of[canonical_id], reuse.get(canonical_id)))
@@ -513,13 +438,9 @@ def _recluster(embedder: Embedder, across_tasks: bool) -> dict[str, int]:
 
 
 def _write_cluster(canonical_id: int, members: list[Assignment], task_key: str, existing: int | None) -> int:
-    method = (
-        DedupCluster.Method.NEAR if any(m.match == "near" for m in members) else DedupCluster.Method.EXACT
-    )
+    method = DedupCluster.Method.NEAR if any(m.match == "near" for m in members) else DedupCluster.Method.EXACT
     if existing is None:
-        cluster = DedupCluster.objects.create(
-            task_key=task_key, method=method, canonical_id=canonical_id, size=len(members)
-        )
+        cluster = DedupCluster.objects.create(task_key=task_key, method=method, canonical_id=canonical_id, size=len(members))
     else:
         DedupCluster.objects.filter(pk=existing).update(task_key=task_key, method=method, size=len(members))
         cluster = DedupCluster(pk=existing)
@@ -527,8 +448,7 @@ def _write_cluster(canonical_id: int, members: list[Assignment], task_key: str, 
     for result in members:
         if result.is_duplicate:
             Trajectory.objects.filter(pk=result.id).update(
-                cluster=cluster, canonical_id=canonical_id, is_duplicate=True, similarity=result.similarity
-            )
+                cluster=cluster, canonical_id=canonical_id, is_duplicate=True, similarity=result.similarity)
     return cluster.pk
 
 
@@ -536,11 +456,7 @@ def _write_cluster(canonical_id: int, members: list[Assignment], task_key: str, 
 
 
 def similar_runs(
-    *,
-    trajectory_id: int,
-    k: int = 10,
-    same_task: bool = True,
-    limit: int | None = None,
+    *, trajectory_id: int, k: int = 10, same_task: bool = True, limit: int | None = None,
     embedder: Embedder | str | None = None,
 ) -> list[tuple[Trajectory, float]]:
     """The runs nearest to one run by signature embedding, best first, as (trajectory, cosine) pairs.
@@ -573,26 +489,19 @@ def _reader_index(embedder: Embedder) -> VectorIndex:
 
 
 def _query_vector(trajectory_id: int, embedder: Embedder) -> np.ndarray:
-    row = (
-        TrajectoryEmbedding.objects.filter(trajectory_id=trajectory_id, embedder=embedder_key(embedder))
-        .values_list("vector", flat=True)
-        .first()
-    )
+    row = TrajectoryEmbedding.objects.filter(trajectory_id=trajectory_id, embedder=embedder_key(embedder)).values_list(
+        "vector", flat=True).first()
     if row is not None:
         return _vector(row)
     (item,) = _signed(list(Trajectory.objects.filter(pk=trajectory_id)))
     return embedder.embed([item.text])[0]
 
 
-def _hits(
-    scores: np.ndarray, ids: np.ndarray, embedder: Embedder, trajectory: Trajectory, same_task: bool
-) -> list[tuple[Trajectory, float]]:
+def _hits(scores: np.ndarray, ids: np.ndarray, embedder: Embedder, trajectory: Trajectory,
+          same_task: bool) -> list[tuple[Trajectory, float]]:
     found = [(int(i), float(s)) for i, s in zip(ids, scores, strict=True) if i >= 0]
-    runs = dict(
-        TrajectoryEmbedding.objects.filter(
-            pk__in=[i for i, _ in found], embedder=embedder_key(embedder)
-        ).values_list("pk", "trajectory_id")
-    )
+    runs = dict(TrajectoryEmbedding.objects.filter(pk__in=[i for i, _ in found], embedder=embedder_key(embedder))
+                .values_list("pk", "trajectory_id"))
     rows = Trajectory.objects.in_bulk({runs[i] for i, _ in found if i in runs})
     hits, seen = [], {trajectory.pk}
     for embedding_id, score in found:
@@ -616,9 +525,7 @@ def cluster_get(*, cluster_id: int) -> DedupCluster:
 
 def cluster_list(*, limit: int = 100):
     """Clusters with more than one run, largest first."""
-    return (
-        DedupCluster.objects.filter(size__gt=1).select_related("canonical").order_by("-size", "-id")[:limit]
-    )
+    return (DedupCluster.objects.filter(size__gt=1).select_related("canonical").order_by("-size", "-id")[:limit])
 
 
 def cluster_members(*, cluster: DedupCluster) -> list[tuple[Trajectory, list[str]]]:
@@ -638,9 +545,7 @@ def _locked_members(cluster_ids: Sequence[int]) -> list[Trajectory]:
     return list(Trajectory.objects.select_for_update().filter(cluster_id__in=cluster_ids).order_by("id"))
 
 
-def cluster_split(
-    *, cluster_id: int, trajectory_id: int, actor: Any = None, reason: str = ""
-) -> DedupCluster:
+def cluster_split(*, cluster_id: int, trajectory_id: int, actor: Any = None, reason: str = "") -> DedupCluster:
     """Move one run out of its cluster into a cluster of its own: not a duplicate of anything.
 
     Both clusters become `manual`, so automatic dedup never undoes the curator. If the run was the
@@ -652,33 +557,19 @@ def cluster_split(
             raise NotFound(f"cluster {cluster_id} does not exist", field="cluster")
         members = {t.pk: t for t in _locked_members([cluster_id])}
         if trajectory_id not in members:
-            raise ValidationError(
-                f"trajectory: run {trajectory_id} is not in cluster {cluster_id}", field="trajectory"
-            )
-        alone = DedupCluster.objects.create(
-            task_key=members[trajectory_id].task_key,
-            method=DedupCluster.Method.MANUAL,
-            canonical_id=trajectory_id,
-            size=1,
-        )
+            raise ValidationError(f"trajectory: run {trajectory_id} is not in cluster {cluster_id}", field="trajectory")
+        alone = DedupCluster.objects.create(task_key=members[trajectory_id].task_key, method=DedupCluster.Method.MANUAL,
+                                            canonical_id=trajectory_id, size=1)
         rest = [t for pk, t in members.items() if pk != trajectory_id]
-        plans = {
-            trajectory_id: dict(cluster_id=alone.pk, canonical_id=None, is_duplicate=False, similarity=None)
-        }
+        plans = {trajectory_id: dict(cluster_id=alone.pk, canonical_id=None, is_duplicate=False, similarity=None)}
         plans.update(_canonical_plan(rest, cluster.pk, _keep_canonical(cluster, rest)))
         _apply_plans(members, plans, action="split", actor=actor, reason=reason)
         _finish_cluster(cluster)
     return alone
 
 
-def cluster_merge(
-    *,
-    cluster_id: int,
-    other_cluster_id: int,
-    canonical_id: int | None = None,
-    actor: Any = None,
-    reason: str = "",
-) -> DedupCluster:
+def cluster_merge(*, cluster_id: int, other_cluster_id: int, canonical_id: int | None = None, actor: Any = None,
+                  reason: str = "") -> DedupCluster:
     """Join two clusters into one with `canonical_id` (a run of either; default: the first's canonical).
 
     The merged cluster is `manual`; the emptied one is deleted (its runs are not). Similarities are
@@ -687,10 +578,7 @@ def cluster_merge(
     if cluster_id == other_cluster_id:
         raise ValidationError("other: a cluster cannot be merged with itself", field="other")
     with transaction.atomic():
-        clusters = {
-            c.pk: c
-            for c in DedupCluster.objects.select_for_update().filter(pk__in=[cluster_id, other_cluster_id])
-        }
+        clusters = {c.pk: c for c in DedupCluster.objects.select_for_update().filter(pk__in=[cluster_id, other_cluster_id])}
         for pk in (cluster_id, other_cluster_id):
             if pk not in clusters:
                 raise NotFound(f"cluster {pk} does not exist", field="cluster")
@@ -715,19 +603,13 @@ def _keep_canonical(cluster: DedupCluster, rest: list[Trajectory]) -> int | None
     return min(ids) if ids else None
 
 
-def _canonical_plan(
-    members: list[Trajectory], cluster_id: int, canonical_id: int | None
-) -> dict[int, dict[str, Any]]:
+def _canonical_plan(members: list[Trajectory], cluster_id: int, canonical_id: int | None) -> dict[int, dict[str, Any]]:
     if canonical_id is None:
         return {}
     similarity = _similarities(canonical_id, [t.pk for t in members])
     return {
-        t.pk: dict(
-            cluster_id=cluster_id,
-            canonical_id=None if t.pk == canonical_id else canonical_id,
-            is_duplicate=t.pk != canonical_id,
-            similarity=1.0 if t.pk == canonical_id else similarity.get(t.pk),
-        )
+        t.pk: dict(cluster_id=cluster_id, canonical_id=None if t.pk == canonical_id else canonical_id,
+                   is_duplicate=t.pk != canonical_id, similarity=1.0 if t.pk == canonical_id else similarity.get(t.pk))
         for t in members
     }
 
@@ -735,25 +617,16 @@ def _canonical_plan(
 def _similarities(canonical_id: int, trajectory_ids: list[int]) -> dict[int, float]:
     """Cosine of each run to the canonical, from stored vectors of the default embedder (when both have one)."""
     key = embedder_key(dedup_embedder())
-    rows = dict(
-        TrajectoryEmbedding.objects.filter(
-            trajectory_id__in=[*trajectory_ids, canonical_id], embedder=key
-        ).values_list("trajectory_id", "vector")
-    )
+    rows = dict(TrajectoryEmbedding.objects.filter(trajectory_id__in=[*trajectory_ids, canonical_id], embedder=key)
+                .values_list("trajectory_id", "vector"))
     if canonical_id not in rows:
         return {}
     anchor = _vector(rows[canonical_id])
     return {pk: round(float(np.dot(anchor, _vector(raw))), 6) for pk, raw in rows.items()}
 
 
-def _apply_plans(
-    members: Mapping[int, Trajectory],
-    plans: Mapping[int, dict[str, Any]],
-    *,
-    action: str,
-    actor: Any,
-    reason: str,
-) -> None:
+def _apply_plans(members: Mapping[int, Trajectory], plans: Mapping[int, dict[str, Any]], *, action: str, actor: Any,
+                 reason: str) -> None:
     """Write each run's new dedup state; one CurationEvent per run whose state changed."""
     events = []
     for pk, after in plans.items():
@@ -762,16 +635,8 @@ def _apply_plans(
         if before == after:
             continue
         Trajectory.objects.filter(pk=pk).update(**after)
-        events.append(
-            CurationEvent(
-                trajectory_id=pk,
-                actor_id=getattr(actor, "pk", None),
-                action=action,
-                before=before,
-                after=after,
-                reason=reason,
-            )
-        )
+        events.append(CurationEvent(trajectory_id=pk, actor_id=getattr(actor, "pk", None), action=action,
+                                    before=before, after=after, reason=reason))
     CurationEvent.objects.bulk_create(events)
 
 

@@ -50,19 +50,8 @@ class FileReport:
     original_kept: bool = True
 
     def as_dict(self) -> dict:
-        return {
-            name: getattr(self, name)
-            for name in (
-                "path",
-                "status",
-                "format",
-                "imported",
-                "present",
-                "error",
-                "trajectory_ids",
-                "original_kept",
-            )
-        }
+        return {name: getattr(self, name) for name in (
+            "path", "status", "format", "imported", "present", "error", "trajectory_ids", "original_kept")}
 
 
 @dataclass
@@ -119,9 +108,7 @@ def trajectories_import_file(
         return report
     digest, original = _original(path)
     report.original_kept = original is not None
-    earlier = list(
-        Trajectory.objects.filter(original_blob=digest).order_by("id").values_list("id", flat=True)
-    )
+    earlier = list(Trajectory.objects.filter(original_blob=digest).order_by("id").values_list("id", flat=True))
     if earlier:  # the same bytes were imported before: nothing in them is new
         report.status, report.present, report.trajectory_ids = PRESENT, len(earlier), earlier
         return report
@@ -156,12 +143,7 @@ def _original(path: Path) -> tuple[str, bytes | None]:
 
 
 def _import_runs(
-    path: Path,
-    report: FileReport,
-    *,
-    name: str | None,
-    digest: str,
-    original: bytes | None,
+    path: Path, report: FileReport, *, name: str | None, digest: str, original: bytes | None,
     on_runs: Callable[[int], None] | None,
 ) -> None:
     # One transaction for the whole file: iter_records raises late for a fault late in the file (its
@@ -172,10 +154,8 @@ def _import_runs(
         index = 0
         for batch in _batches(iter_records(path, report.format, name=name)):
             outcomes = trajectories_ingest_many(
-                records=batch,
-                original_blob=digest if original is not None else "",
-                field_prefix="record {index}: ",
-                index_offset=index,
+                records=batch, original_blob=digest if original is not None else "",
+                field_prefix="record {index}: ", index_offset=index,
             )
             index += len(batch)
             for outcome in outcomes:
@@ -208,9 +188,7 @@ def trajectories_import_path(
     root = Path(path)
     report = ImportReport()
     if not root.exists():
-        report.files.append(
-            FileReport(path=str(root), status=INVALID, error=f"{root}: no such file or directory")
-        )
+        report.files.append(FileReport(path=str(root), status=INVALID, error=f"{root}: no such file or directory"))
         return report
     for file, name in trajectory_files(root):
         item = trajectories_import_file(path=file, format=format, name=name, on_runs=on_runs)
@@ -245,9 +223,8 @@ def trajectories_import_upload(
             for chunk in chunks:
                 digest.update(chunk)
                 handle.write(chunk)
-        return trajectories_import_file(
-            path=target, format=format, name=upload_name(name, digest.hexdigest()), label=name
-        )
+        return trajectories_import_file(path=target, format=format, name=upload_name(name, digest.hexdigest()),
+                                        label=name)
 
 
 def upload_name(filename: str, content_digest: str) -> str:

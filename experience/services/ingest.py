@@ -41,41 +41,15 @@ _RENUMBER_OFFSET = 1_000_000_000
 # retried: the second pass sees the other writer's rows and skips them.
 _ATTEMPTS = 3
 _STEP_COLUMNS = (
-    "id",
-    "trajectory_id",
-    "seq",
-    "kind",
-    "started_at",
-    "ended_at",
-    "duration_ms",
-    "tokens_in",
-    "tokens_out",
-    "exit_code",
-    "is_error",
-    "call_id",
-    "preview",
-    "payload",
-    "blob_refs",
+    "id", "trajectory_id", "seq", "kind", "started_at", "ended_at", "duration_ms", "tokens_in", "tokens_out",
+    "exit_code", "is_error", "call_id", "preview", "payload", "blob_refs",
 )
 # Steps go in COPY's binary format (nothing to escape; Postgres parses no text for numbers and times). A jsonb
 # field in binary is a version byte then the JSON text (`_jsonb`); COPY sends no types, so it is declared
 # bytea here only to have psycopg send those bytes as they are.
 _STEP_TYPES = (
-    "int8",
-    "int8",
-    "int4",
-    "varchar",
-    "timestamptz",
-    "timestamptz",
-    "float8",
-    "int4",
-    "int4",
-    "int4",
-    "bool",
-    "varchar",
-    "text",
-    "bytea",
-    "bytea",
+    "int8", "int8", "int4", "varchar", "timestamptz", "timestamptz", "float8", "int4", "int4",
+    "int4", "bool", "varchar", "text", "bytea", "bytea",
 )
 
 
@@ -198,21 +172,16 @@ def _trajectory_row(record: TrajectoryRecord, original_blob: str) -> Trajectory:
 def _insert_steps(runs: list[tuple[int, list[StepRecord]]], sink: BlobSink) -> None:
     if is_postgres():
         ids = next_ids(Step._meta.db_table, "id", sum(len(steps) for _, steps in runs))
-        copy_rows(
-            Step._meta.db_table, _STEP_COLUMNS, _step_copy_rows(runs, sink, iter(ids)), types=_STEP_TYPES
-        )
+        copy_rows(Step._meta.db_table, _STEP_COLUMNS, _step_copy_rows(runs, sink, iter(ids)), types=_STEP_TYPES)
     else:  # contexts as full lists: a delta names its base's id, which bulk_create does not give beforehand
         prepared = (
             (trajectory_id, seq, prepare_step(step, sink))
-            for trajectory_id, steps in runs
-            for seq, step in enumerate(steps)
+            for trajectory_id, steps in runs for seq, step in enumerate(steps)
         )
         Step.objects.bulk_create([_step_row(*item) for item in prepared])
 
 
-def _step_copy_rows(
-    runs: list[tuple[int, list[StepRecord]]], sink: BlobSink, ids: Iterator[int]
-) -> Iterator[tuple]:
+def _step_copy_rows(runs: list[tuple[int, list[StepRecord]]], sink: BlobSink, ids: Iterator[int]) -> Iterator[tuple]:
     """The COPY rows of the runs' steps, ids taken from `ids`; each model call's context that shares a
     prefix with the run's previous one is stored as a delta on it (experience.steps.context_delta)."""
     for trajectory_id, steps in runs:
@@ -231,21 +200,8 @@ def _step_copy_rows(
 def _copy_row(step_id: int, trajectory_id: int, seq: int, item: PreparedStep, refs: dict[str, Any]) -> tuple:
     r = item.record
     return (
-        step_id,
-        trajectory_id,
-        seq,
-        r.kind,
-        r.started_at,
-        r.ended_at,
-        r.duration_ms,
-        r.tokens_in,
-        r.tokens_out,
-        r.exit_code,
-        r.is_error,
-        r.call_id,
-        item.preview,
-        _jsonb(item.payload_json),
-        _jsonb(refs_json(refs)),
+        step_id, trajectory_id, seq, r.kind, r.started_at, r.ended_at, r.duration_ms, r.tokens_in, r.tokens_out,
+        r.exit_code, r.is_error, r.call_id, item.preview, _jsonb(item.payload_json), _jsonb(refs_json(refs)),
     )
 
 
@@ -333,9 +289,8 @@ def trajectory_open(*, record: TrajectoryRecord, exclusive: bool = False) -> Tra
     validate_trajectory(record)
 
     def insert() -> Trajectory:
-        return Trajectory.objects.create(
-            source=record.source, source_ref=record.source_ref, **_trajectory_fields(record)
-        )
+        return Trajectory.objects.create(source=record.source, source_ref=record.source_ref,
+                                         **_trajectory_fields(record))
 
     if exclusive:
         return insert()
@@ -346,9 +301,7 @@ def trajectory_open(*, record: TrajectoryRecord, exclusive: bool = False) -> Tra
         return Trajectory.objects.get(source=record.source, source_ref=record.source_ref)
 
 
-def steps_append(
-    *, trajectory_id: int, steps: Sequence[StepRecord], first_seq: int | None = None
-) -> list[Step]:
+def steps_append(*, trajectory_id: int, steps: Sequence[StepRecord], first_seq: int | None = None) -> list[Step]:
     """Append steps in the given order. Idempotent on `call_id`: a call already stored is skipped.
 
     With `first_seq`, the steps are numbered first_seq, first_seq + 1, ... and those numbers already
@@ -385,8 +338,7 @@ def _append(trajectory_id: int, prepared: list[PreparedStep], first_seq: int | N
     if first_seq is not None:
         if first_seq > start:
             raise ValidationError(
-                f"first_seq: {first_seq} would leave a gap; the trajectory's next step is {start}",
-                field="first_seq",
+                f"first_seq: {first_seq} would leave a gap; the trajectory's next step is {start}", field="first_seq"
             )
         prepared = prepared[start - first_seq :]
     earliest_new = min((p.record.started_at for p in prepared if p.record.started_at), default=None)
@@ -396,8 +348,7 @@ def _append(trajectory_id: int, prepared: list[PreparedStep], first_seq: int | N
         return []
     if start + len(fresh) > settings.TROVE_MAX_STEPS_PER_TRAJECTORY:
         raise LimitExceeded(
-            f"trajectory {trajectory_id} would exceed {settings.TROVE_MAX_STEPS_PER_TRAJECTORY} steps",
-            field="steps",
+            f"trajectory {trajectory_id} would exceed {settings.TROVE_MAX_STEPS_PER_TRAJECTORY} steps", field="steps"
         )
     if len(fresh) != len(prepared):  # some were stored already: give back the numbers they had reserved
         Trajectory.objects.filter(pk=trajectory_id).update(next_seq=start + len(fresh))
@@ -466,10 +417,8 @@ def _renumber_by_time(trajectory_id: int) -> None:
             [_RENUMBER_OFFSET, trajectory_id],
         )
         if cursor.rowcount:
-            cursor.execute(
-                f"UPDATE {table} SET seq = seq - %s WHERE trajectory_id = %s AND seq >= %s",
-                [_RENUMBER_OFFSET, trajectory_id, _RENUMBER_OFFSET],
-            )
+            cursor.execute(f"UPDATE {table} SET seq = seq - %s WHERE trajectory_id = %s AND seq >= %s",
+                           [_RENUMBER_OFFSET, trajectory_id, _RENUMBER_OFFSET])
 
 
 @dataclass(frozen=True)
@@ -539,35 +488,16 @@ def trajectory_finish(
     return trajectory
 
 
-_FINISH_FIELDS = (
-    "status",
-    "reward",
-    "success",
-    "final_diff",
-    "finished_at",
-    "n_steps",
-    "n_model_calls",
-    "tokens_in",
-    "tokens_out",
-    "duration_s",
-    "content_hash",
-    "updated_at",
-)
+_FINISH_FIELDS = ("status", "reward", "success", "final_diff", "finished_at", "n_steps", "n_model_calls", "tokens_in",
+                  "tokens_out", "duration_s", "content_hash", "updated_at")
 
 
 def _finish_with_tally(trajectory_id: int, tally: Tally, outcome: dict[str, Any]) -> bool:
-    totals = {
-        name: getattr(tally, name)
-        for name in ("n_steps", "n_model_calls", "tokens_in", "tokens_out", "content_hash")
-    }
-    return bool(
-        Trajectory.objects.filter(pk=trajectory_id, next_seq=tally.next_seq).update(
-            **outcome,
-            **totals,
-            duration_s=_duration(tally.started_at, outcome["finished_at"]),
-            updated_at=timezone.now(),
-        )
-    )
+    totals = {name: getattr(tally, name) for name in ("n_steps", "n_model_calls", "tokens_in", "tokens_out",
+                                                       "content_hash")}
+    return bool(Trajectory.objects.filter(pk=trajectory_id, next_seq=tally.next_seq).update(
+        **outcome, **totals, duration_s=_duration(tally.started_at, outcome["finished_at"]), updated_at=timezone.now()
+    ))
 
 
 def _recount(trajectory: Trajectory) -> None:

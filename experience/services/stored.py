@@ -60,18 +60,10 @@ def _step_record(step: Step, blobs: dict[str, bytes], contexts: dict[int, list[s
         if step.pk in contexts:
             refs[CONTEXT] = contexts[step.pk]
     return step_record_from_parts(
-        kind=step.kind,
-        payload=step.payload,
-        blob_refs=refs,
-        blobs=blobs,
-        started_at=step.started_at,
-        ended_at=step.ended_at,
-        duration_ms=step.duration_ms,
-        exit_code=step.exit_code,
-        tokens_in=step.tokens_in,
-        tokens_out=step.tokens_out,
-        call_id=step.call_id,
-        is_error=step.is_error,
+        kind=step.kind, payload=step.payload, blob_refs=refs, blobs=blobs,
+        started_at=step.started_at, ended_at=step.ended_at, duration_ms=step.duration_ms,
+        exit_code=step.exit_code, tokens_in=step.tokens_in, tokens_out=step.tokens_out,
+        call_id=step.call_id, is_error=step.is_error,
     )
 
 

@@ -22,19 +22,8 @@ from experience.importers.base import RESERVED_PAYLOAD_KEYS
 from experience.records import STEP_KINDS, TRAJECTORY_STATUSES, MessageRecord, StepRecord, TrajectoryRecord
 from experience.steps import storable, storable_json
 
-_RUN_TEXT = (
-    "source",
-    "source_format",
-    "source_ref",
-    "task_key",
-    "instruction",
-    "source_version",
-    "task_set",
-    "harness",
-    "model",
-    "status",
-    "final_diff",
-)
+_RUN_TEXT = ("source", "source_format", "source_ref", "task_key", "instruction", "source_version", "task_set",
+             "harness", "model", "status", "final_diff")
 _REQUIRED = ("source", "source_ref", "task_key")
 _STEP_TEXT = ("command", "output", "response_text", "model", "call_id")
 _LIMITED = ("text", "output", "response_text", "command")
@@ -87,22 +76,15 @@ def _check_run(c: _Checker, record: TrajectoryRecord) -> None:
         c.check(storable(value), name, "contains a NUL character or invalid Unicode")
     for name in _REQUIRED:
         c.check(bool(getattr(record, name)), name, "required")
-    c.check(
-        record.status in TRAJECTORY_STATUSES,
-        "status",
-        f"{record.status!r} is not one of {', '.join(TRAJECTORY_STATUSES)}",
-    )
+    c.check(record.status in TRAJECTORY_STATUSES, "status",
+            f"{record.status!r} is not one of {', '.join(TRAJECTORY_STATUSES)}")
     _number(c, record.reward, "reward")
     _number(c, record.cost, "cost")
     c.check(record.success is None or isinstance(record.success, bool), "success", "must be true/false")
     _time(c, record.started_at, "started_at")
     _time(c, record.finished_at, "finished_at")
     c.check(isinstance(record.metadata, dict), "metadata", "must be a JSON object")
-    c.check(
-        storable_json(_json(c, record.metadata, "metadata")),
-        "metadata",
-        "contains a NUL character or invalid Unicode",
-    )
+    c.check(storable_json(_json(c, record.metadata, "metadata")), "metadata", "contains a NUL character or invalid Unicode")
 
 
 def _check_step(c: _Checker, step: Any, at: str) -> None:
@@ -127,9 +109,7 @@ def _check_step(c: _Checker, step: Any, at: str) -> None:
             c.fail(f"{at}.{name}", "must be a non-negative integer")
     for name in ("duration_ms", "latency_ms", "ttft_ms"):
         _number(c, getattr(step, name), f"{at}.{name}")
-    if step.exit_code is not None and not (
-        type(step.exit_code) is int and -(2**31) <= step.exit_code < 2**31
-    ):
+    if step.exit_code is not None and not (type(step.exit_code) is int and -(2**31) <= step.exit_code < 2**31):
         c.fail(f"{at}.exit_code", "must be an integer")
     if not isinstance(step.is_error, bool):
         c.fail(f"{at}.is_error", "must be true/false")
@@ -217,12 +197,7 @@ def _json(c: _Checker, value: Any, where: str) -> str:
 def _number(c: _Checker, value: Any, where: str) -> None:
     if value is None:
         return
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or value != value
-        or value in _INFINITIES
-    ):
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or value in _INFINITIES:
         c.fail(where, "must be a number")
 
 

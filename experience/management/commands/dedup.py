@@ -31,12 +31,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--rebuild", action="store_true", help="re-embed, rebuild the index, re-cluster")
-        parser.add_argument(
-            "--embedder", choices=embedder_names(), help="default: TROVE_DEDUP_EMBEDDER (lexical)"
-        )
-        parser.add_argument(
-            "--across-tasks", action="store_true", help="near duplicates may be of other tasks"
-        )
+        parser.add_argument("--embedder", choices=embedder_names(), help="default: TROVE_DEDUP_EMBEDDER (lexical)")
+        parser.add_argument("--across-tasks", action="store_true", help="near duplicates may be of other tasks")
         parser.add_argument("--batch", type=int, default=500, help="runs per batch")
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -53,30 +49,20 @@ class Command(BaseCommand):
 
         total = Trajectory.objects.exclude(status=Trajectory.Status.RUNNING).count()
         with tqdm(total=total, unit="run", disable=options["no_progress"], file=self.stderr) as bar:
-            return dedup_rebuild(
-                embedder=embedder,
-                across_tasks=options["across_tasks"],
-                batch=options["batch"],
-                progress=bar.update,
-            )
+            return dedup_rebuild(embedder=embedder, across_tasks=options["across_tasks"], batch=options["batch"],
+                                 progress=bar.update)
 
     def _backfill(self, embedder, options) -> dict:
         total = DedupReport()
         pending = pending_trajectories(embedder=embedder).count()
         with tqdm(total=pending, unit="run", disable=options["no_progress"], file=self.stderr) as bar:
             while True:
-                report = dedup_pending(
-                    limit=options["batch"], embedder=embedder, across_tasks=options["across_tasks"]
-                )
+                report = dedup_pending(limit=options["batch"], embedder=embedder, across_tasks=options["across_tasks"])
                 if not report.trajectory_ids:
                     break
                 for name, value in report.as_dict().items():
                     setattr(total, name, getattr(total, name) + value)
                 bar.update(len(report.trajectory_ids))
         index = index_refresh(embedder=embedder)
-        return {
-            "embedder": embedder_key(embedder),
-            "indexed": len(index),
-            "index_kind": index.kind,
-            **total.as_dict(),
-        }
+        return {"embedder": embedder_key(embedder), "indexed": len(index), "index_kind": index.kind,
+                **total.as_dict()}

@@ -22,21 +22,14 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--format", choices=EXPORT_FORMATS, default="trove")
         parser.add_argument("--output", "-o", default="-", help="a file to write (default: stdout)")
-        parser.add_argument(
-            "--filter",
-            action="append",
-            default=[],
-            metavar="NAME=VALUE",
-            help="a search filter, e.g. --filter model=gpt-4o --filter status=completed,failed",
-        )
+        parser.add_argument("--filter", action="append", default=[], metavar="NAME=VALUE",
+                            help="a search filter, e.g. --filter model=gpt-4o --filter status=completed,failed")
 
     def handle(self, *args, **options):
         try:
             filters = export_filters(_pairs(options["filter"]))
             if options["output"] == "-":
-                count = trajectories_export_to(
-                    filters=filters, format=options["format"], fileobj=sys.stdout.buffer
-                )
+                count = trajectories_export_to(filters=filters, format=options["format"], fileobj=sys.stdout.buffer)
             else:
                 with open(options["output"], "wb") as handle:
                     count = trajectories_export_to(filters=filters, format=options["format"], fileobj=handle)

@@ -33,15 +33,9 @@ class Command(BaseCommand):
     help = "Import trajectory files (SWE-agent, mini-swe-agent, OpenHands, Inspect, OpenAI messages, ATIF, Trove)."
 
     def add_arguments(self, parser):
-        parser.add_argument(
-            "paths", nargs="+", metavar="PATH", help="a file or a directory (read recursively)"
-        )
-        parser.add_argument(
-            "--format", choices=sorted(REGISTRY), help="skip detection: read every file as this"
-        )
-        parser.add_argument(
-            "--no-index", action="store_true", help="do not index the new runs for search now"
-        )
+        parser.add_argument("paths", nargs="+", metavar="PATH", help="a file or a directory (read recursively)")
+        parser.add_argument("--format", choices=sorted(REGISTRY), help="skip detection: read every file as this")
+        parser.add_argument("--no-index", action="store_true", help="do not index the new runs for search now")
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
         parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
 
@@ -73,9 +67,8 @@ class Command(BaseCommand):
         with bar:
             for path, name in work:
                 bar.set_description(path.name[:40])
-                report.files.append(
-                    trajectories_import_file(path=path, format=options["format"], name=name, on_runs=counted)
-                )
+                report.files.append(trajectories_import_file(path=path, format=options["format"], name=name,
+                                                             on_runs=counted))
                 bar.update(1)
 
     def _report(self, report: ImportReport, indexed: int, as_json: bool) -> None:
@@ -92,11 +85,7 @@ class Command(BaseCommand):
         )
 
     def _exit_status(self, report: ImportReport, explicit: set[str]) -> None:
-        bad = [
-            f
-            for f in report.files
-            if f.status == INVALID or (f.status == UNRECOGNISED and f.path in explicit)
-        ]
+        bad = [f for f in report.files if f.status == INVALID or (f.status == UNRECOGNISED and f.path in explicit)]
         if bad:
             raise CommandError(f"{len(bad)} file(s) not imported: {bad[0].error}")
 

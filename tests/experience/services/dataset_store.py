@@ -7,11 +7,15 @@ recording proxy stores them, so the read path rebuilds contexts from blobs.
 
 from __future__ import annotations
 
+import gzip
 import itertools
+import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
-from experience.models import Trajectory
+from experience.models import DatasetVersion, Trajectory
 from experience.records import MessageRecord, StepRecord, TrajectoryRecord
+from experience.services import datasets
 from experience.services.ingest import trajectory_ingest
 
 SYSTEM = "You are a careful software engineer. Reply with one bash command in a ```bash block."
@@ -100,3 +104,21 @@ def store_run(
 def store_tasks(task_keys: list[str], *, good: int = 2, bad: int = 2, **fields) -> list[Trajectory]:
     """`good` successful and `bad` failed runs of each task."""
     return [store_run(key, good=index < good, **fields) for key in task_keys for index in range(good + bad)]
+
+
+def rows_of(version: DatasetVersion) -> list[dict]:
+    rows = []
+    for name, relative in sorted(version.files.items()):
+        if name.endswith(".jsonl.gz"):
+            with gzip.open(Path(datasets.version_dir(version)).parent.parent / relative, "rt") as handle:
+                rows += [json.loads(line) for line in handle]
+    return rows
+
+
+def same_content(a: DatasetVersion, b: DatasetVersion) -> None:
+    assert a.content_hash == b.content_hash != ""
+    assert [(f["name"], f["sha256"]) for f in a.manifest["files"]] == [
+        (f["name"], f["sha256"]) for f in b.manifest["files"]
+    ]
+    assert a.manifest["store"] == b.manifest["store"]
+    assert rows_of(a) == rows_of(b)

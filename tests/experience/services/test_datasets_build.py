@@ -28,7 +28,7 @@ from experience.models import DatasetVersion, Label, Trajectory
 from experience.records import MessageRecord, StepRecord
 from experience.services import dataset_source, datasets
 from experience.services.ingest import trajectory_ingest
-from tests.experience.services.dataset_store import run_record, store_run, store_tasks
+from tests.experience.services.dataset_store import rows_of, run_record, store_run, store_tasks
 
 pytestmark = pytest.mark.django_db
 TASKS = [f"task-{n:02d}" for n in range(12)]
@@ -48,15 +48,6 @@ def build(name: str = "set", kind: str = "value", filters=None, **options) -> Da
     )
     version = datasets.dataset_version_request(dataset=dataset)
     return datasets.dataset_version_build(version_id=version.pk)
-
-
-def rows_of(version: DatasetVersion) -> list[dict]:
-    rows = []
-    for name, relative in sorted(version.files.items()):
-        if name.endswith(".jsonl.gz"):
-            with gzip.open(Path(datasets.version_dir(version)).parent.parent / relative, "rt") as handle:
-                rows += [json.loads(line) for line in handle]
-    return rows
 
 
 def source_ids(version: DatasetVersion) -> set[int]:

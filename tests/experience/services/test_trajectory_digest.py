@@ -4,10 +4,6 @@ run's steps change. Postgres only."""
 
 from __future__ import annotations
 
-import gzip
-import json
-from pathlib import Path
-
 import pytest
 from django.db import connection
 
@@ -18,7 +14,7 @@ from experience.models import DatasetVersion, Label, Step, Trajectory, Trajector
 from experience.records import StepRecord
 from experience.services import dataset_source, datasets
 from experience.services.ingest import steps_append, trajectory_ingest
-from tests.experience.services.dataset_store import run_record, store_run, store_tasks
+from tests.experience.services.dataset_store import rows_of, run_record, same_content, store_run, store_tasks
 
 pytestmark = pytest.mark.django_db
 TASKS = [f"task-{n:02d}" for n in range(4)]
@@ -55,24 +51,6 @@ def build(name: str = "set", kind: str = "value", **options) -> DatasetVersion:
     built = datasets.dataset_version_build(version_id=version.pk)
     assert built.status == "ready", built.error
     return built
-
-
-def rows_of(version: DatasetVersion) -> list[dict]:
-    rows = []
-    for name, relative in sorted(version.files.items()):
-        if name.endswith(".jsonl.gz"):
-            with gzip.open(Path(datasets.version_dir(version)).parent.parent / relative, "rt") as handle:
-                rows += [json.loads(line) for line in handle]
-    return rows
-
-
-def same_content(a: DatasetVersion, b: DatasetVersion) -> None:
-    assert a.content_hash == b.content_hash != ""
-    assert [(f["name"], f["sha256"]) for f in a.manifest["files"]] == [
-        (f["name"], f["sha256"]) for f in b.manifest["files"]
-    ]
-    assert a.manifest["store"] == b.manifest["store"]
-    assert rows_of(a) == rows_of(b)
 
 
 def kept() -> dict[int, TrajectoryDigest]:
