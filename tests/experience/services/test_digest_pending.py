@@ -33,20 +33,6 @@ def dataset_dir(settings, tmp_path):
     return settings.TROVE_DATASET_DIR
 
 
-@pytest.fixture
-def step_reads(monkeypatch):
-    """The run ids whose steps the read path fetched, one list per `_step_rows` call."""
-    calls: list[list[int]] = []
-    real = dataset_source._step_rows
-
-    def watched(trajectory_ids):
-        calls.append(list(trajectory_ids))
-        return real(trajectory_ids)
-
-    monkeypatch.setattr(dataset_source, "_step_rows", watched)
-    return calls
-
-
 # --- helpers ---------------------------------------------------------------------------------------------
 
 
