@@ -281,6 +281,15 @@ class Label(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["trajectory", "name"])]
+        constraints = [
+            # A run's rubric is written once per rubric version, however many builders and beat ticks
+            # read the run at the same time (`datasets.rubric_labels_write` skips conflicts).
+            models.UniqueConstraint(
+                fields=["trajectory", "source", "version", "name"],
+                condition=models.Q(source="rubric"),
+                name="label_rubric_once_per_version",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name}={self.value}"

@@ -635,10 +635,12 @@ def rubric_labels_write(
 ) -> int:
     """Store each run's rubric as Label rows (source `rubric`, version RUBRIC_VERSION), one per
     detector: `value` is the run's final label, `step` the step after which it took that value (None
-    when it held from the start). Runs already labelled at this version are skipped. Returns rows written.
-    On Postgres the batch's rows go in one COPY (the reader writes 7 rows a run: INSERT's parameters
-    and Label objects cost more than the rubric's detectors); elsewhere one bulk insert. `labels`: each
-    run's `_label_changes`, when the caller has them.
+    when it held from the start). Runs already labelled at this version are skipped, and a run another
+    writer labels at the same moment (a build and the beat reading the same run) is written once: the
+    rows go in with ON CONFLICT DO NOTHING against the `label_rubric_once_per_version` constraint.
+    Returns rows written. On Postgres the batch's rows go in one statement, its columns as arrays (7 rows
+    a run: a parameter per value and Label objects cost more than the rubric's detectors); elsewhere one
+    bulk insert. `labels`: each run's `_label_changes`, when the caller has them.
     """
     ids = [run.row_id for run in runs]
     done = set(
@@ -654,37 +656,45 @@ def rubric_labels_write(
         for name, value, step_id in changes[run.row_id]
     ]
     if connection.vendor == "postgresql":
-        _copy_labels(rows)
-    else:
-        Label.objects.bulk_create(
-            [
-                Label(
-                    trajectory_id=trajectory_id,
-                    step_id=step_id,
-                    name=name,
-                    value=value,
-                    source=LABEL_SOURCE,
-                    version=RUBRIC_VERSION,
-                )
-                for trajectory_id, step_id, name, value in rows
-            ],
-            batch_size=2000,
-        )
+        return _insert_labels(rows)
+    Label.objects.bulk_create(
+        [
+            Label(
+                trajectory_id=trajectory_id,
+                step_id=step_id,
+                name=name,
+                value=value,
+                source=LABEL_SOURCE,
+                version=RUBRIC_VERSION,
+            )
+            for trajectory_id, step_id, name, value in rows
+        ],
+        batch_size=2000,
+        ignore_conflicts=True,
+    )
     return len(rows)
 
 
-_LABEL_COPY = f"COPY {Label._meta.db_table} (trajectory_id, step_id, name, value, source, version, created_at) FROM STDIN"
+_LABEL_INSERT = f"""
+INSERT INTO {Label._meta.db_table} (trajectory_id, step_id, name, value, source, version, created_at)
+SELECT r.trajectory_id, r.step_id, r.name, r.value::jsonb, %s, %s, %s
+FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[]) AS r(trajectory_id, step_id, name, value)
+ON CONFLICT (trajectory_id, source, version, name) WHERE source = '{LABEL_SOURCE}' DO NOTHING
+"""
 
 
-def _copy_labels(rows: list[tuple[int, int | None, str, bool]]) -> None:
+def _insert_labels(rows: list[tuple[int, int | None, str, bool]]) -> int:
+    """The rows in one INSERT (`value` is jsonb: its JSON text); returns how many went in."""
     if not rows:
-        return
-    now = timezone.now()  # one moment for the batch, as one INSERT statement's rows would nearly share
-    with connection.cursor() as cursor, cursor.connection.cursor() as raw, raw.copy(_LABEL_COPY) as copy:
-        for trajectory_id, step_id, name, value in rows:
-            # `value` is jsonb: its JSON text.
-            copy.write_row((trajectory_id, step_id, name, "true" if value else "false", LABEL_SOURCE,
-                            RUBRIC_VERSION, now))  # fmt: skip
+        return 0
+    trajectories, steps, names, values = (list(column) for column in zip(*rows, strict=True))
+    texts = ["true" if value else "false" for value in values]
+    with connection.cursor() as cursor:
+        # One moment for the batch, as one INSERT statement's rows would nearly share.
+        cursor.execute(
+            _LABEL_INSERT, [LABEL_SOURCE, RUBRIC_VERSION, timezone.now(), trajectories, steps, names, texts]
+        )
+        return cursor.rowcount
 
 
 def _label_changes(run: StoredRun) -> list[tuple[str, bool, int | None]]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from django.db import IntegrityError, transaction
 
 from experience.distill.build import split_parts
 from experience.distill.errors import EmptyDatasetError
@@ -711,3 +712,25 @@ def test_a_build_makes_its_rows_with_the_raised_collection_threshold(monkeypatch
     assert build(name="relaxed").status == "ready"
 
     assert seen == [datasets.BUILD_GC_THRESHOLD] and gc.get_threshold() == before
+
+
+def test_a_runs_rubric_labels_are_written_once_even_by_writers_that_race():
+    store_run("task-a")
+    store_run("task-b", good=False)
+    runs = list(dataset_source.source_runs(DatasetSpec(kind="value")))
+    rows = [
+        (run.row_id, step_id, name, value)
+        for run in runs
+        for name, value, step_id in datasets._label_changes(run)
+    ]
+
+    assert datasets._insert_labels(rows) == len(rows) == 2 * len(LABELS)
+    # A second writer that read the runs before the first wrote (a build and the beat at the same moment).
+    assert datasets._insert_labels(rows) == 0
+    assert Label.objects.filter(source="rubric").count() == 2 * len(LABELS)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Label.objects.create(trajectory_id=runs[0].row_id, name=LABELS[0], value=True, source="rubric",
+                             version=RUBRIC_VERSION)  # fmt: skip
+    Label.objects.create(
+        trajectory_id=runs[0].row_id, name=LABELS[0], value=True, source="human", version="1"
+    )
