@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection
 
 from experience.services import dataset_source
 
@@ -19,3 +20,11 @@ def step_reads(monkeypatch):
 
     monkeypatch.setattr(dataset_source, "_step_rows", watched)
     return calls
+
+
+@pytest.fixture
+def digests_dataset_dir(settings, tmp_path):
+    """Datasets built under tmp_path, on Postgres (where run digests are kept)."""
+    assert connection.vendor == "postgresql", "digests are kept on Postgres only"
+    settings.TROVE_DATASET_DIR = tmp_path / "datasets"
+    return settings.TROVE_DATASET_DIR

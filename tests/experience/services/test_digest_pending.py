@@ -13,7 +13,6 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
 
 from experience.distill.digest import DIGEST_VERSION, RunDigest
 from experience.distill.rubric import LABELS, RUBRIC_VERSION
@@ -22,15 +21,8 @@ from experience.services import dataset_source, datasets
 from experience.services.ingest import trajectory_ingest
 from tests.experience.services.dataset_store import run_record, same_content, store_run, store_tasks
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("digests_dataset_dir")]
 TASKS = [f"task-{n:02d}" for n in range(4)]
-
-
-@pytest.fixture(autouse=True)
-def dataset_dir(settings, tmp_path):
-    assert connection.vendor == "postgresql", "digests are kept on Postgres only"
-    settings.TROVE_DATASET_DIR = tmp_path / "datasets"
-    return settings.TROVE_DATASET_DIR
 
 
 # --- helpers ---------------------------------------------------------------------------------------------

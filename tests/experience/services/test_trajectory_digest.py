@@ -5,7 +5,6 @@ run's steps change. Postgres only."""
 from __future__ import annotations
 
 import pytest
-from django.db import connection
 
 from experience.distill.digest import DIGEST_VERSION, RunDigest, derive, instruction_hash
 from experience.distill.rubric import LABELS
@@ -16,15 +15,8 @@ from experience.services import dataset_source, datasets
 from experience.services.ingest import steps_append, trajectory_ingest
 from tests.experience.services.dataset_store import rows_of, run_record, same_content, store_run, store_tasks
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("digests_dataset_dir")]
 TASKS = [f"task-{n:02d}" for n in range(4)]
-
-
-@pytest.fixture(autouse=True)
-def dataset_dir(settings, tmp_path):
-    assert connection.vendor == "postgresql", "digests are kept on Postgres only"
-    settings.TROVE_DATASET_DIR = tmp_path / "datasets"
-    return settings.TROVE_DATASET_DIR
 
 
 def build(name: str = "set", kind: str = "value", **options) -> DatasetVersion:
