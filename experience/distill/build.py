@@ -185,7 +185,7 @@ def _describe(result: WriteResult) -> dict[str, Any]:
         "name": Path(result.path).name,
         "rows": result.rows,
         "bytes": result.bytes,
-        "sha256": result.sha256 or _file_sha256(Path(result.path)),
+        "sha256": result.sha256,
     }
 
 

@@ -39,6 +39,15 @@ _compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
 _decompressor = zstandard.ZstdDecompressor()
 
 Row = dict[str, Any]
+STATS_KEYS = (
+    "actions_before",
+    "errors_before",
+    "test_runs_before",
+    "passed_test_runs_before",
+    "source_edits_before",
+    "context_tokens",
+    "context_dropped",
+)
 
 
 class DigestError(ValueError):
@@ -109,7 +118,7 @@ class RunDigest:
             cut = chat.truncate(
                 context, budget_tokens, instruction=instruction, known_total=decision.known_total, facts=facts
             )
-            labels, (errors, test_runs, passed, edits) = self.states[decision.state]
+            labels, counts = self.states[decision.state]
             yield {
                 "step_index": t,
                 "step_count": count,
@@ -117,15 +126,7 @@ class RunDigest:
                 "messages": cut.messages,
                 "action": self.messages[decision.action],
                 "rubric": dict(labels),
-                "stats": {
-                    "actions_before": t - 1,
-                    "errors_before": errors,
-                    "test_runs_before": test_runs,
-                    "passed_test_runs_before": passed,
-                    "source_edits_before": edits,
-                    "context_tokens": cut.tokens,
-                    "context_dropped": cut.dropped,
-                },
+                "stats": decision_stats(counts, cut, actions_before=t - 1),
             }
 
 
@@ -157,7 +158,7 @@ def derive(record: TrajectoryRecord, scored: Rubric | None = None) -> RunDigest:
         previous = context
     return RunDigest(
         messages=tuple(table.messages),
-        states=tuple((labels_of(state), _counts(state)) for state in states),
+        states=tuple((labels_of(state), rubric_counts(state)) for state in states),
         decisions=tuple(digests),
     )
 
@@ -231,8 +232,26 @@ class _Table:
         return found
 
 
-def _counts(state: RubricState) -> tuple[int, int, int, int]:
+def rubric_counts(state: RubricState) -> tuple[int, int, int, int]:
+    """The counts of a rubric state a row's stats hold: errors, test runs, passed test runs, source edits."""
     return (state.errors, state.test_runs, state.passed_test_runs, state.source_edits)
+
+
+def decision_stats(
+    counts: tuple[int, int, int, int], cut: chat.Truncated, *, actions_before: int
+) -> dict[str, int]:
+    """Counts a value model may use (the keys of STATS_KEYS, in order): the rubric's before the action
+    (`rubric_counts`; at the end, for outcome rows) and what truncation kept of the context."""
+    errors, test_runs, passed, edits = counts
+    return {
+        "actions_before": actions_before,
+        "errors_before": errors,
+        "test_runs_before": test_runs,
+        "passed_test_runs_before": passed,
+        "source_edits_before": edits,
+        "context_tokens": cut.tokens,
+        "context_dropped": cut.dropped,
+    }
 
 
 def _dumps(document: Any) -> bytes:

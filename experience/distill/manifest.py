@@ -7,8 +7,9 @@ with the number of tasks and source runs, never with the number of rows.
 Content hash: sha256 over the spec's canonical JSON, then the sorted (trajectory id, content hash) pairs
 of the runs that gave rows, then the rows' digest. The rows' digest is the sum mod 2**256 of each row's
 128-bit XXH3 (over its canonical JSON: `row_digest`) plus the row count: a multiset hash, so it does not
-depend on the order rows were made in (nor on how a build was sharded), yet changes with any row's content. The same spec rebuilt on the same data
-gives the same hash; any change to the spec, the runs used or a row changes it.
+depend on the order rows were made in (nor on how a build was sharded), yet changes with any row's
+content. The same spec rebuilt on the same data gives the same hash; any change to the spec, the runs used
+or a row changes it.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from experience.distill.digest import STATS_KEYS
 from experience.distill.rubric import LABELS
-from experience.distill.values import STATS_KEYS
 
 MESSAGE = pa.struct(
     [

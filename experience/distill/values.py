@@ -24,8 +24,8 @@ from typing import Any
 
 from experience.distill import chat
 from experience.distill.decisions import decision_points
-from experience.distill.digest import derive
-from experience.distill.rubric import Rubric, RubricState
+from experience.distill.digest import decision_stats, derive, rubric_counts
+from experience.distill.rubric import Rubric
 from experience.distill.selection import selected_runs
 from experience.distill.source import SourceRun, run_return, run_success
 from experience.distill.spec import DatasetSpec
@@ -33,15 +33,6 @@ from experience.distill.splits import split_for_task
 from experience.records import TrajectoryRecord
 
 Row = dict[str, Any]
-STATS_KEYS = (
-    "actions_before",
-    "errors_before",
-    "test_runs_before",
-    "passed_test_runs_before",
-    "source_edits_before",
-    "context_tokens",
-    "context_dropped",
-)
 
 
 def target_value(reward: float, t: int, step_count: int, gamma: float) -> float:
@@ -105,7 +96,7 @@ def run_outcome_row(run: SourceRun, spec: DatasetSpec) -> Row | None:
         "outcome": bool(run_success(record)),
         "reward": run_return(record),
         "rubric": scored.run_labels,
-        "stats": _stats(scored.final_state, cut, actions_before=len(decisions)),
+        "stats": decision_stats(rubric_counts(scored.final_state), cut, actions_before=len(decisions)),
     }
 
 
@@ -119,16 +110,3 @@ def _base_fields(run: SourceRun, spec: DatasetSpec, kind: str) -> Row:
         "group_key": group,
         "split": split,
     }
-
-
-def _stats(state: RubricState, cut: chat.Truncated, *, actions_before: int) -> dict[str, int]:
-    """Counts a value model may use: the state before the action (at the end, for outcome rows)."""
-    return {
-        "actions_before": actions_before,
-        "errors_before": state.errors,
-        "test_runs_before": state.test_runs,
-        "passed_test_runs_before": state.passed_test_runs,
-        "source_edits_before": state.source_edits,
-        "context_tokens": cut.tokens,
-        "context_dropped": cut.dropped,
-    }  # the keys of STATS_KEYS, in order

@@ -642,16 +642,18 @@ def digests_write(runs: Iterable[StoredRun], labels: Mapping[int, list[tuple[str
     """Keep the digests of runs read with their steps (`labels`: each one's label changes, with step ids).
     A run whose step count has changed since it was read is skipped (its digest would be stale at once).
     Returns how many were given."""
-    batch = [run for run in runs if run.digest is not None and run.record.steps and run.steps_sha256]
+    batch = [
+        (run, run.digest) for run in runs if run.digest is not None and run.record.steps and run.steps_sha256
+    ]
     if not batch:
         return 0
     columns = (
-        [run.row_id for run in batch],
-        [instruction_hash(run.record.instruction) for run in batch],
-        [run.steps_sha256 for run in batch],
-        [len(run.record.steps) for run in batch],
-        [json.dumps([list(change) for change in labels[run.row_id]]) for run in batch],
-        [run.digest.encode() for run in batch if run.digest is not None],
+        [run.row_id for run, _ in batch],
+        [instruction_hash(run.record.instruction) for run, _ in batch],
+        [run.steps_sha256 for run, _ in batch],
+        [len(run.record.steps) for run, _ in batch],
+        [json.dumps([list(change) for change in labels[run.row_id]]) for run, _ in batch],
+        [digest.encode() for _, digest in batch],
     )
     with _binary_cursor() as cursor:
         cursor.execute(_DIGEST_UPSERT, [DIGEST_VERSION, *columns], prepare=False)

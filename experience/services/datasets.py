@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -525,52 +525,33 @@ def _collect_less() -> None:
     gc.set_threshold(READER_GC_THRESHOLD, middle, oldest)
 
 
-class _ProcessWideSetting:
-    """A process-wide setting held by any number of concurrent builds (a threads-pool worker runs
-    several): `change()` returns what it replaced when the first holder enters, `restore(it)` puts it
-    back when the last one leaves."""
-
-    def __init__(self, change: Callable[[], Any], restore: Callable[[Any], None]) -> None:
-        self._change, self._restore = change, restore
-        self._guard = threading.Lock()
-        self._holders = 0
-        self._before: Any = None
-
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        with self._guard:
-            if self._holders == 0:
-                self._before = self._change()
-            self._holders += 1
-        try:
-            yield
-        finally:
-            with self._guard:
-                self._holders -= 1
-                if self._holders == 0:
-                    self._restore(self._before)
+_relaxed_guard = threading.Lock()
+_relaxed = (
+    0  # builds in this process running with the raised threshold now (a threads-pool worker runs several)
+)
+_threshold_before: tuple[int, int, int] = (700, 10, 10)
 
 
-def _raise_collection_threshold() -> tuple[int, int, int]:
-    before = gc.get_threshold()
-    gc.set_threshold(BUILD_GC_THRESHOLD, *before[1:])
-    return before
-
-
-def _set_collection_threshold(threshold: tuple[int, int, int]) -> None:
-    gc.set_threshold(*threshold)
-
-
-_RELAXED = _ProcessWideSetting(_raise_collection_threshold, _set_collection_threshold)
-
-
-def _collector_relaxed() -> AbstractContextManager[None]:
+@contextmanager
+def _collector_relaxed() -> Iterator[None]:
     """Young collections every BUILD_GC_THRESHOLD allocations instead of 700 while any build in this
     process runs; the threshold found before the first is restored after the last. A build allocates
     millions of short-lived, acyclic objects (rows, JSON lines, Parquet columns) that reference counting
     frees, yet each 700 allocations started a collection, the older ones walking the rows a Parquet row
     group holds: 1.5 CPU-s per 100,000 steps, against 0.1 s with the raised threshold."""
-    return _RELAXED.held()
+    global _relaxed, _threshold_before
+    with _relaxed_guard:
+        if _relaxed == 0:
+            _threshold_before = gc.get_threshold()
+            gc.set_threshold(BUILD_GC_THRESHOLD, *_threshold_before[1:])
+        _relaxed += 1
+    try:
+        yield
+    finally:
+        with _relaxed_guard:
+            _relaxed -= 1
+            if _relaxed == 0:
+                gc.set_threshold(*_threshold_before)
 
 
 _PARENT_CONNECTIONS: list[Any] = []  # in a reader process: the parent's connections, never to be closed
