@@ -30,7 +30,7 @@ serve: $(STAMP) system-deps
 
 test: $(STAMP) system-deps
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
-	  SECRET_KEY=$${SECRET_KEY:-trove-test-secret} $(VENV)/bin/pytest $(PYTEST_ARGS)
+	  SECRET_KEY=$${SECRET_KEY:-trove-test-secret} $(VENV)/bin/pytest --durations=25 $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

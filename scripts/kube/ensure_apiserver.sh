@@ -4,7 +4,7 @@
 # Source, in order:
 #   1. already unpacked and its sha256 matches          -> nothing to do
 #   2. $TROVE_KUBE_APISERVER_XZ, default the shared prebuilt
-#      /work/shared/tools/kubernetes/kube-apiserver-v1.20.2-linux-amd64.xz (sha256 checked before and after unpacking)
+#      $TROVE_SHARED_DIR (default ../shared beside the checkout)/tools/kubernetes/kube-apiserver-v1.20.2-linux-amd64.xz (sha256 checked before and after unpacking)
 #   3. scripts/kube/build_apiserver_from_source.sh (Debian source package; about 16 minutes, 1.8 GB scratch)
 # Exit status is non-zero, with the reason on stderr, when no binary can be provided.
 set -euo pipefail
@@ -12,7 +12,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CACHE="${TROVE_KUBE_CACHE:-$ROOT/var/cache/kube}"
 OUT="$CACHE/kube-apiserver"
-XZ="${TROVE_KUBE_APISERVER_XZ:-/work/shared/tools/kubernetes/kube-apiserver-v1.20.2-linux-amd64.xz}"
+SHARED="${TROVE_SHARED_DIR:-$ROOT/../shared}"
+XZ="${TROVE_KUBE_APISERVER_XZ:-$SHARED/tools/kubernetes/kube-apiserver-v1.20.2-linux-amd64.xz}"
 XZ_SHA256="e9aeb7c6f5551a90b66f1279e24d1eee1967cd9f7713f602144f82584d4c5e49"
 BIN_SHA256="045d51af2b97bf642036f7ba186e957e60501aacf7e769962a280e5e2eea916b"
 

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-import types
 from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.utils import timezone
 
-import experience.services
 from experience.errors import ValidationError
 from experience.models import StepSearch, Trajectory
 from experience.records import StepRecord
@@ -21,6 +18,7 @@ from experience.search import (
     trajectory_search,
     trajectory_similar,
 )
+from experience.services.dedup import trajectory_dedup
 from experience.services.ingest import steps_append
 from experience.services.search_index import search_index_all, search_index_backlog
 from tests.experience.services.store_factories import RunFactory, StepFactory, run_record, stored
@@ -152,14 +150,20 @@ def test_filters_survive_a_round_trip_through_query_parameters():
     assert filters.status == ("completed", "failed") and filters.tags == ("a", "b")
 
 
-def test_similar_runs_come_most_similar_first_through_the_hook(monkeypatch):
-    # Pins the hook's contract for the dedup service (written separately): similar_runs(trajectory_id=,
-    # limit=) returns runs best first, as ids, rows, (id, score) pairs or objects with trajectory_id.
-    a, b, c, d = stored(RunFactory(model="m"), RunFactory(model="m"), RunFactory(model="m"), RunFactory(model="x"))
-    module = types.ModuleType("experience.services.dedup")
-    module.similar_runs = lambda *, trajectory_id, limit: [(c, 0.97), types.SimpleNamespace(trajectory_id=d), b]
-    monkeypatch.setitem(sys.modules, "experience.services.dedup", module)
-    monkeypatch.setattr(experience.services, "dedup", module, raising=False)
+def test_similar_runs_come_most_similar_first_through_the_dedup_service(settings, tmp_path):
+    # The real dedup service: runs hashed, embedded (lexical) and indexed in FAISS; the search hook ranks the
+    # runs of the same task by cosine and keeps only those its other filters admit.
+    settings.TROVE_INDEX_DIR = tmp_path / "index"
+    shared = ["ls", "cat calc.py", "python -m pytest tests", "sed -i s/a/b/ calc.py"]
+    a, b, c, d = stored(
+        run_record(commands=shared + ["python -m pytest tests -q"], task_key="t", model="m", status="completed"),
+        run_record(commands=["git log", "make lint", "pip list", "du -sh ."], task_key="t", model="m",
+                   status="completed"),
+        run_record(commands=shared + ["python -m pytest tests -x"], task_key="t", model="m", status="completed"),
+        run_record(commands=shared + ["python -m pytest tests -q"], task_key="t", model="x", status="completed"),
+    )
+    trajectory_dedup(trajectory_ids=[a, b, c, d], embedder="lexical")
+    settings.TROVE_DEDUP_EMBEDDER = "lexical"
 
     ranked = trajectory_similar(filters=filters_from_params({"similar": str(a), "model": "m"}))
 

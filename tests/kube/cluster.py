@@ -2,7 +2,7 @@
 
 No scheduler, kubelet or controller-manager run here; `tests.kube.kubelet.TestKubelet` stands in for the
 scheduler and kubelet. Authentication is a static token file (fixed at start: the apiserver reads it once),
-authorization is real RBAC. See /work/shared/tools/kubernetes/README.md for what this does and does not give.
+authorization is real RBAC. See tools/kubernetes/README.md in the shared folder (tests/shared_paths.py) for what this does and does not give.
 
 Usable from the command line for manual poking (scripts/kube/start_apiserver.sh):
     python -m tests.kube.cluster --dir var/kube   # prints the kubeconfig path, runs until Ctrl-C

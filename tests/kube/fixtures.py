@@ -36,6 +36,7 @@ from tests.kube.cluster import (
 from tests.kube.kubelet import TestKubelet
 
 BACKEND_USER = f"system:serviceaccount:{CONTROL_NAMESPACE}:{BACKEND_SERVICE_ACCOUNT}"
+_APISERVER_MISSING: list[str] = []  # why the kube tests were skipped, said again at the end of the run
 
 
 @pytest.fixture(scope="session")
@@ -45,6 +46,7 @@ def kube_cluster() -> Iterator[LoopbackCluster]:
         cluster = start_cluster(workdir, extra_users=[service_account_user(CONTROL_NAMESPACE, BACKEND_SERVICE_ACCOUNT)])
     except ApiserverUnavailable as exc:
         shutil.rmtree(workdir, ignore_errors=True)
+        _APISERVER_MISSING.append(str(exc))
         pytest.skip(
             "!!! NO KUBE-APISERVER: Kubernetes tests skipped. Provide one with scripts/kube/ensure_apiserver.sh "
             f"(TROVE_KUBE_APISERVER_XZ, or a source build). Cause: {exc}"
@@ -88,3 +90,13 @@ def wait_for(predicate, *, timeout: float = 20.0, interval: float = 0.1, what: s
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """A skipped Kubernetes suite must not pass unnoticed among the dots: say it in the run's summary."""
+    if not _APISERVER_MISSING:
+        return
+    terminalreporter.section("KUBERNETES TESTS SKIPPED: no kube-apiserver", sep="!", red=True, bold=True)
+    terminalreporter.line("Every test that needs the loopback kube-apiserver was skipped. Provide one with "
+                          "scripts/kube/ensure_apiserver.sh (TROVE_SHARED_DIR or TROVE_KUBE_APISERVER_XZ).", red=True)
+    terminalreporter.line(f"cause: {_APISERVER_MISSING[0][:500]}", red=True)

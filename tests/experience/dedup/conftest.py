@@ -1,15 +1,14 @@
-"""Real SWE-agent runs (/work/shared/fixtures/trajectories, see its SOURCES.md) read by the importer."""
+"""Real SWE-agent runs (the shared fixtures, tests/shared_paths.py, see its SOURCES.md) read by the importer."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from experience.importers.swe_agent import parse
 from experience.records import TrajectoryRecord
+from tests.shared_paths import FIXTURES_DIR
 
-SWE_AGENT_FIXTURES = Path("/work/shared/fixtures/trajectories/swe-agent")
+SWE_AGENT_FIXTURES = FIXTURES_DIR / "swe-agent"
 MARSHMALLOW_TASK = "marshmallow-code__marshmallow-1867"
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 
 from experience.distill.source import SourceRun
 from experience.records import MessageRecord, StepRecord, TrajectoryRecord
+from tests.shared_paths import FIXTURES_DIR
 
 TASK = "Fix parse_date so that it accepts ISO week dates."
-SWE_AGENT_FIXTURES = Path("/work/shared/fixtures/trajectories/swe-agent")
+SWE_AGENT_FIXTURES = FIXTURES_DIR / "swe-agent"
 
 
 def command(text: str, output: str = "", exit_code: int | None = 0) -> StepRecord:

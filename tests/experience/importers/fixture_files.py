@@ -1,24 +1,15 @@
 """Paths to the real trajectory fixtures (shared folder) and to the sample files written for formats that
-have no public fixture here. TROVE_FIXTURES_DIR overrides where the fixtures live."""
+have no public fixture here (see tests/shared_paths.py for where the fixtures are found)."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from tests.shared_paths import FIXTURES_DIR
 
-def _fixtures_dir() -> Path:
-    """TROVE_FIXTURES_DIR, else the shared folder beside the checkout, else its usual place (a checkout
-    cloned somewhere else, as CI may, still finds it)."""
-    if os.environ.get("TROVE_FIXTURES_DIR"):
-        return Path(os.environ["TROVE_FIXTURES_DIR"])
-    beside = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "trajectories"
-    return beside if beside.is_dir() else Path("/work/shared/fixtures/trajectories")
-
-
-FIXTURES = _fixtures_dir()
+FIXTURES = FIXTURES_DIR
 SAMPLES = Path(__file__).resolve().parent / "samples"
 
 SWE_AGENT = FIXTURES / "swe-agent"
