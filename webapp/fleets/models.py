@@ -23,6 +23,15 @@ class EnvironmentTemplate(models.Model):
         PROXY_ONLY = "proxy-only"
         ALLOW_LIST = "allow-list"
 
+    class EvalMode(models.TextChoices):
+        """Where a rollout's evaluation runs. `in-place`: in the rollout's own sandbox, after every process
+        the policy left is killed and the task's protected files are restored. `fresh-sandbox`: in a new
+        sandbox of the same fleet, set up from the task and the final workspace diff (protected paths left
+        out), so nothing the policy did outside its diff can reach the evaluation."""
+
+        IN_PLACE = "in-place"
+        FRESH_SANDBOX = "fresh-sandbox"
+
     name = models.CharField(max_length=100)
     version = models.PositiveIntegerField(default=1)
     image = models.CharField(max_length=300, blank=True, help_text="Kubernetes image, pinned by digest")
@@ -37,13 +46,17 @@ class EnvironmentTemplate(models.Model):
     max_lifetime_s = models.PositiveIntegerField(default=3600)
     idle_timeout_s = models.PositiveIntegerField(default=900)
     reusable = models.BooleanField(default=False, help_text="sandboxes are single-use unless this is set")
+    eval_mode = models.CharField(max_length=16, choices=EvalMode.choices, default=EvalMode.IN_PLACE,
+                                 help_text="where rollouts are evaluated: in their own sandbox or a fresh one")
     spec_hash = models.CharField(max_length=64, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     SPEC_FIELDS = (
         "image", "rootfs", "cpu", "memory_mb", "pids", "disk_mb", "network", "allow_list",
-        "setup_commands", "max_lifetime_s", "idle_timeout_s", "reusable",
+        "setup_commands", "max_lifetime_s", "idle_timeout_s", "reusable", "eval_mode",
     )
+    # Left out of the hash at their default, so versions made before the field existed keep their hash.
+    HASH_DEFAULTS = {"eval_mode": EvalMode.IN_PLACE}
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["name", "version"], name="template_unique_version")]
@@ -61,7 +74,8 @@ class EnvironmentTemplate(models.Model):
         super().save(*args, **kwargs)
 
     def compute_spec_hash(self) -> str:
-        spec = {field: getattr(self, field) for field in self.SPEC_FIELDS}
+        spec = {field: getattr(self, field) for field in self.SPEC_FIELDS
+                if field not in self.HASH_DEFAULTS or getattr(self, field) != self.HASH_DEFAULTS[field]}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 

@@ -107,6 +107,9 @@ def _check_template(name: str, fields: dict[str, Any]) -> None:
         raise ValidationError(f"{sorted(unknown)[0]}: not a template field", field=sorted(unknown)[0])
     if fields.get("network", "none") not in EnvironmentTemplate.Network.values:
         raise ValidationError(f"network: one of {', '.join(EnvironmentTemplate.Network.values)}", field="network")
+    if fields.get("eval_mode", "in-place") not in EnvironmentTemplate.EvalMode.values:
+        raise ValidationError(f"eval_mode: one of {', '.join(EnvironmentTemplate.EvalMode.values)}",
+                              field="eval_mode")
     for key in ("cpu", "memory_mb", "pids"):
         if key in fields and not fields[key] > 0:
             raise ValidationError(f"{key}: must be positive", field=key)

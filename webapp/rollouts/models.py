@@ -18,6 +18,10 @@ class TaskSet(models.Model):
         return self.name
 
 
+def default_protected_paths() -> list[str]:
+    return ["tests/"]
+
+
 class Task(models.Model):
     task_set = models.ForeignKey(TaskSet, on_delete=models.CASCADE, related_name="tasks")
     key = models.CharField(max_length=200)
@@ -30,6 +34,13 @@ class Task(models.Model):
     eval_timeout_s = models.PositiveIntegerField(default=60)
     # The evaluation passes when eval_command exits with this code (SWE-bench style tasks use 0).
     success_exit_code = models.IntegerField(default=0)
+    # Reward integrity (workers/eval_integrity.py): before the evaluation, each protected path (a directory
+    # ends in "/") is removed from the workspace and its files are written again from `files`; `eval_files`
+    # (hidden evaluation tests) reach the sandbox only then, so the agent never sees or runs them.
+    protected_paths = models.JSONField(default=default_protected_paths, blank=True,
+                                       help_text="workspace paths restored from the task before the evaluation")
+    eval_files = models.JSONField(default=dict, blank=True,
+                                  help_text="relative path -> text, written only for the evaluation (hidden tests)")
     metadata = models.JSONField(default=dict, blank=True)
 
     class Meta:
