@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 import signal
 import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from tests.webapp.fleets.fleet_factories import (  # noqa: F401 (pool_backend is a fixture)
     events_of,
@@ -56,7 +58,7 @@ CLAIM_AND_HANG = """
 import sys, time
 from webapp.fleets.models import Fleet
 from workers import fleet_ops
-lease = fleet_ops.sandbox_claim(fleet=Fleet.objects.get(pk={fleet_id}), holder="worker-doomed", lease_seconds=2)
+lease = fleet_ops.sandbox_claim(fleet=Fleet.objects.get(pk={fleet_id}), holder="worker-doomed", lease_seconds=600)
 result = fleet_ops.sandbox_exec(lease, "echo working > progress.txt")
 print("claimed", lease.sandbox.pk, result.exit_code, flush=True)
 time.sleep(600)
@@ -77,7 +79,9 @@ def test_a_worker_killed_while_holding_a_lease_leaves_nothing_once_its_lease_exp
     worker.wait(timeout=10)
     assert sandbox.name in {h.name for h in pool_backend.list({})}  # the sandbox outlives its user ...
     assert fleet_reconcile(fleet=fleet)["reaped"] == 0  # ... and is left alone while the lease runs
-    time.sleep(2.1)
+    # Time passes: the dead worker's lease runs out (moved to the past rather than slept through, so the
+    # test does not depend on how long a claim, a kill and a reconcile take on a loaded machine).
+    Sandbox.objects.filter(pk=sandbox.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     report = fleet_reconcile(fleet=fleet)
 
     sandbox.refresh_from_db()
