@@ -210,6 +210,12 @@ class DedupCluster(models.Model):
     method = models.CharField(max_length=8, choices=Method.choices)
     canonical = models.ForeignKey(Trajectory, null=True, on_delete=models.SET_NULL, related_name="+")
     size = models.PositiveIntegerField(default=0)
+    # Its runs' outcomes differ: grouped for browsing, but each outcome keeps a run for training
+    # (experience.dedup.canonical).
+    mixed_outcomes = models.BooleanField(default=False)
+    canonical_rule = models.PositiveSmallIntegerField(
+        default=0, help_text="the canonical rule version its canonical and marks were derived with (0: none)"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
