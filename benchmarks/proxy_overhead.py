@@ -200,7 +200,7 @@ def create_bench_rollouts(upstream_v1: str, count: int) -> dict[str, Any]:
     for rollout_id in job.rollouts.order_by("pk").values_list("pk", flat=True):
         rollout = rollout_start(rollout_id=rollout_id, worker="benchmark")
         assert rollout is not None
-        trajectory = trajectory_open(record=TrajectoryRecord(
+        trajectory = trajectory_open(rollout_runner=True, record=TrajectoryRecord(
             source="rollout", source_format="trove-rollout", source_ref=f"bench:{rollout.pk}:{uuid.uuid4().hex}",
             task_key=rollout.task.key, harness="benchmark", model=MODEL, status="running",
             started_at=datetime.now(UTC)))

@@ -221,7 +221,7 @@ def rollout_run(*, rollout_id: int, worker: str) -> str | None:
 def _open_trajectory(rollout: Rollout):
     job, task = rollout.job, rollout.task
     # Exclusive: inside the claim's transaction, an attempt already opened means another worker has it.
-    return trajectory_open(exclusive=True, record=TrajectoryRecord(
+    return trajectory_open(exclusive=True, rollout_runner=True, record=TrajectoryRecord(
         source="rollout", source_format="trove-rollout", source_version="1",
         source_ref=f"rollout:{rollout.pk}:attempt:{rollout.attempt}",
         task_set=job.task_set.name, task_key=task.key, instruction=task.instruction,

@@ -1,7 +1,8 @@
 """Trove's own JSONL export (see experience.exporters.trove_jsonl), read back exactly as written.
 
-Records keep their original source, source_format, source_version and source_ref, so importing an export
-into another Trove (or the same one) dedups against the runs it came from.
+Records keep their original source, source_format, source_version and source_ref as the export wrote them;
+the import service then stores every run as source `import` (a file cannot make a run a Trove rollout) and
+keeps the source the file claimed in metadata["claimed_source"] (experience.services.provenance).
 """
 
 from __future__ import annotations

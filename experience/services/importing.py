@@ -4,6 +4,8 @@ Per file, all or nothing: the file's runs are written in one transaction, so a f
 truncated last line, a run missing a field, a run over the store's limits) leaves nothing of that file
 behind, and the report says what was wrong and where. The original file is kept as a blob
 (Trajectory.original_blob on every run read from it), and its format and version are recorded on each run.
+Every run imported has source `import`: a file cannot claim a run was a Trove rollout (a Trove export of
+rollouts keeps the claim in metadata["claimed_source"], see experience.services.provenance).
 
 Idempotent: a file whose bytes were imported before is reported as present without being parsed again, and
 within a file every run already stored (same source and source_ref) is skipped, so importing the same file
@@ -28,6 +30,7 @@ from experience.models import Trajectory
 from experience.records import TrajectoryRecord
 from experience.services.blobs import blobs_store
 from experience.services.ingest import trajectories_ingest_many
+from experience.services.provenance import as_import
 
 BATCH = 200  # runs per ingest call: bounds memory on a file of 10,000 runs
 ORIGINAL_MAX_BYTES = 256 * 1024 * 1024  # larger files are imported without keeping the original
@@ -152,7 +155,8 @@ def _import_runs(
         if original is not None:
             blobs_store({digest: original})
         index = 0
-        for batch in _batches(iter_records(path, report.format, name=name)):
+        # Every run read from a file is an import, whatever the file claims (provenance.as_import).
+        for batch in _batches(map(as_import, iter_records(path, report.format, name=name))):
             outcomes = trajectories_ingest_many(
                 records=batch, original_blob=digest if original is not None else "",
                 field_prefix="record {index}: ", index_offset=index,

@@ -31,6 +31,7 @@ from experience.models import Step, Trajectory
 from experience.records import TRAJECTORY_STATUSES, StepRecord, TrajectoryRecord
 from experience.services.blobs import blob_put_many, blobs_store, sha256_hex
 from experience.services.bulk import copy_new_objects, copy_rows, is_postgres, next_ids
+from experience.services.provenance import check_source
 from experience.services.stored import record_of, stored_step_records
 from experience.services.validation import validate_step, validate_trajectory
 from experience.steps import CONTEXT, BlobSink, PreparedStep, context_delta, prepare_step, refs_json
@@ -73,13 +74,17 @@ def _is_race(error: Exception) -> bool:
 # ---------------------------------------------------------------- bulk ingest
 
 
-def trajectory_ingest(*, record: TrajectoryRecord, original: bytes | None = None) -> tuple[Trajectory, bool]:
+def trajectory_ingest(
+    *, record: TrajectoryRecord, original: bytes | None = None, rollout_runner: bool = False
+) -> tuple[Trajectory, bool]:
     """Store a whole finished run (import or API). All or nothing; a run already stored is left as is.
 
     `original` is the file the run was read from, kept as a blob. Returns (trajectory, created).
+    `rollout_runner`: see trajectories_ingest_many.
     """
     original_blob = blob_put_many([original])[0] if original is not None else ""
-    outcome = trajectories_ingest_many(records=[record], original_blob=original_blob, field_prefix="")[0]
+    outcome = trajectories_ingest_many(records=[record], original_blob=original_blob, field_prefix="",
+                                       rollout_runner=rollout_runner)[0]
     return Trajectory.objects.get(pk=outcome.trajectory_id), outcome.created
 
 
@@ -89,6 +94,7 @@ def trajectories_ingest_many(
     original_blob: str = "",
     field_prefix: str = "trajectories[{index}].",
     index_offset: int = 0,
+    rollout_runner: bool = False,
 ) -> list[IngestOutcome]:
     """Store many whole runs at once; one outcome per record, in order.
 
@@ -97,9 +103,13 @@ def trajectories_ingest_many(
     index plus `index_offset`, for a caller feeding a longer stream in batches). Idempotent on
     (source, source_ref): a run already stored, or repeated within the batch, is not written again.
     `original_blob` (the sha256 of an already stored file) is recorded on every run created.
+    A run whose source is `rollout` (in any spelling) is refused unless `rollout_runner` is true: only
+    Trove's own runner passes it, never a view or an importer (experience.services.provenance).
     """
     for index, record in enumerate(records):
-        validate_trajectory(record, where=field_prefix.format(index=index + index_offset))
+        where = field_prefix.format(index=index + index_offset)
+        validate_trajectory(record, where=where)
+        check_source(record.source, field=f"{where}source", rollout_runner=rollout_runner)
     for attempt in range(_ATTEMPTS):
         try:
             with transaction.atomic():
@@ -279,14 +289,16 @@ def _duration(started: datetime | None, finished: datetime | None) -> float | No
 # ---------------------------------------------------------------- the live path
 
 
-def trajectory_open(*, record: TrajectoryRecord, exclusive: bool = False) -> Trajectory:
+def trajectory_open(*, record: TrajectoryRecord, exclusive: bool = False, rollout_runner: bool = False) -> Trajectory:
     """Create the trajectory row for a run that is starting (steps come later). Idempotent on source_ref.
 
     Inside a caller's transaction this is a savepoint and one INSERT: the run is almost always new, so the
     lookup is made only when the insert finds it taken. `exclusive`: a run already there raises
     IntegrityError instead (failing the caller's transaction), for a caller to whom it means the work is
-    someone else's (a rollout attempt's claim); then it is the INSERT alone."""
+    someone else's (a rollout attempt's claim); then it is the INSERT alone. `rollout_runner`: the caller
+    is Trove's rollout runner, the only one that may open a run whose source is `rollout`."""
     validate_trajectory(record)
+    check_source(record.source, field="source", rollout_runner=rollout_runner)
 
     def insert() -> Trajectory:
         return Trajectory.objects.create(source=record.source, source_ref=record.source_ref,

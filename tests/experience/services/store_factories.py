@@ -63,4 +63,5 @@ def run_record(*, calls: int = 3, commands: list[str] | None = None, **fields) -
 
 
 def stored(*records: TrajectoryRecord) -> list[int]:
-    return [o.trajectory_id for o in trajectories_ingest_many(records=list(records))]
+    """Store runs as the store holds them, rollouts included: the test stands in for the rollout runner."""
+    return [o.trajectory_id for o in trajectories_ingest_many(records=list(records), rollout_runner=True)]

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.django_db
 
 
 def _open(ref: str = "rollout:1:attempt:1") -> Trajectory:
-    return trajectory_open(record=RunFactory(steps=[], source="rollout", source_ref=ref, status="running"))
+    return trajectory_open(rollout_runner=True,
+                           record=RunFactory(steps=[], source="rollout", source_ref=ref, status="running"))
 
 
 def _stored(trajectory: Trajectory) -> list[tuple[int, str | None, str]]:

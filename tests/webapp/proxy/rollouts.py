@@ -24,7 +24,7 @@ def running_rollout(*, upstream_v1: str, api_key_ref: str = "") -> Rollout:
                      enqueue=lambda rollout_id: None)
     rollout = rollout_start(rollout_id=job.rollouts.get().pk, worker=WORKER)
     assert rollout is not None
-    trajectory = trajectory_open(record=TrajectoryRecord(
+    trajectory = trajectory_open(rollout_runner=True, record=TrajectoryRecord(
         source="rollout", source_format="trove-rollout", source_ref=f"rollout:{rollout.pk}:attempt:1",
         task_key=rollout.task.key, status="running", started_at=datetime.now(UTC)))
     Rollout.objects.filter(pk=rollout.pk).update(trajectory=trajectory)

@@ -51,7 +51,7 @@ def test_a_requeued_rollout_counts_from_its_requeue_and_a_cancelled_jobs_rollout
 
 
 def _open_for(rollout: Rollout) -> Trajectory:
-    return trajectory_open(record=TrajectoryRecord(
+    return trajectory_open(rollout_runner=True, record=TrajectoryRecord(
         source="rollout", source_format="trove-rollout", task_key=rollout.task.key,
         source_ref=f"rollout:{rollout.pk}:attempt:{rollout.attempt}", status="running"))
 
@@ -118,7 +118,7 @@ def test_a_start_that_finds_its_attempt_already_opened_by_another_worker_claims_
     _open_for(rollout)  # another worker got there first (its claim not committed yet, in a real race)
 
     def open_exclusively(claimed: Rollout) -> Trajectory:
-        return trajectory_open(exclusive=True, record=TrajectoryRecord(
+        return trajectory_open(exclusive=True, rollout_runner=True, record=TrajectoryRecord(
             source="rollout", source_format="trove-rollout", task_key=claimed.task.key,
             source_ref=f"rollout:{claimed.pk}:attempt:{claimed.attempt}", status="running"))
 
