@@ -78,7 +78,7 @@ def test_only_the_first_of_several_command_blocks_runs(task_workspace):
 
     outcome = run_builtin_harness(instruction="x", chat=chat, execute=execute, max_steps=5)
 
-    assert (execute.root / "first").exists() and not (execute.root / "second").exists()
+    assert execute.exists("first") and not execute.exists("second")
     assert "only the first was run" in outcome.messages[3]["content"]
     assert outcome.commands == 1
 
