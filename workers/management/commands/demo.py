@@ -6,6 +6,7 @@ its place (`--model-url`).
 
 from __future__ import annotations
 
+import signal
 import time
 
 from django.conf import settings
@@ -36,6 +37,14 @@ class Command(BaseCommand):
         parser.add_argument("--addr", default="127.0.0.1:8000")
 
     def handle(self, *args, **options):
+        # SIGTERM (a service manager, `kill`) stops the demo the way Ctrl-C does, so the sandboxes go with it.
+        signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            self._run(options)
+        except KeyboardInterrupt:
+            self.stdout.write("Stopped; its sandboxes were destroyed.")
+
+    def _run(self, options):
         call_command("migrate", verbosity=0)
         task_set, fleet = seed_demo_task_set(), seed_local_fleet()
         username, password = seed_admin()
@@ -58,7 +67,9 @@ class Command(BaseCommand):
                     f"Dashboard: http://{options['addr']}/  login: {username} / {password}"))
                 call_command("serve", addr=options["addr"], embedded_started=True)
         finally:
-            stack.stop()
+            self.stdout.write("Stopping: destroying the demo's sandboxes ...")
+            with _signals_held():  # a second Ctrl-C must not cut the cleanup short
+                stack.stop()
 
     @staticmethod
     def _task_keys(task_set, limit: int) -> list[str] | None:
@@ -85,3 +96,18 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(
             f"Job {job.pk}: {rollouts.count()} rollouts, {succeeded} succeeded, {infra} infra errors, "
             f"{steps} steps recorded, wall time {seconds:.1f} s"))
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+class _signals_held:
+    """Ignore SIGINT and SIGTERM while the sandboxes are destroyed; restore the handlers afterwards."""
+
+    def __enter__(self):
+        self.saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def __exit__(self, *exc):
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
