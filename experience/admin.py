@@ -2,6 +2,8 @@
 
 Curation in the admin goes only through actions (the change form shows curation fields read-only), so every
 change is made by experience.services.curation and recorded as a CurationEvent with who, when and why.
+The same holds for a run's outcome (reward, success, status) and provenance: read-only on the change form;
+"Change the outcome…" asks for the new values and a required reason, and records each change.
 Each action asks for the reason (and tags, a note or the canonical run where it needs them) on a
 confirmation page, then updates the whole selection set-based: "select all N" across pages hands the
 action a queryset, never a list of rows to save one by one.
@@ -25,7 +27,13 @@ from django.utils.functional import cached_property
 
 from experience.errors import TroveError
 from experience.models import Blob, CurationEvent, Step, Trajectory
-from experience.services.curation import trajectories_curate
+from experience.services.curation import (
+    KEEP,
+    OUTCOME_STATUSES,
+    SET_OUTCOME,
+    trajectories_curate,
+    trajectories_outcome_set,
+)
 
 EXACT_COUNT_BELOW = 10_000
 
@@ -57,6 +65,37 @@ class CurateActionForm(forms.Form):
     tags = forms.CharField(required=False, help_text="comma-separated")
     note = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}))
     canonical = forms.IntegerField(required=False, min_value=1, help_text="id of the run these duplicate")
+
+
+class OutcomeActionForm(forms.Form):
+    """The outcome action's inputs: each field left at "leave as it is" is not changed."""
+
+    reason = forms.CharField(widget=forms.TextInput(attrs={"size": 60}), max_length=2000,
+                             help_text="required: recorded with every change")
+    reward = forms.CharField(required=False, help_text="blank: leave as it is; a number sets it; 'none' clears it")
+    success = forms.ChoiceField(required=False, choices=[
+        ("", "leave as it is"), ("true", "true"), ("false", "false"), ("none", "unknown (clear)")])
+    status = forms.ChoiceField(required=False, choices=[("", "leave as it is"), *[(s, s) for s in OUTCOME_STATUSES]])
+
+    def clean_reward(self) -> Any:
+        text = self.cleaned_data["reward"].strip()
+        if not text:
+            return KEEP
+        if text.lower() == "none":
+            return None
+        try:
+            return float(text)
+        except ValueError:
+            raise forms.ValidationError(f"{text!r} is not a number (or 'none')") from None
+
+    def outcome(self) -> dict[str, Any]:
+        """The fields to set, as trajectories_outcome_set takes them."""
+        data = self.cleaned_data
+        success = {"": KEEP, "true": True, "false": False, "none": None}[data["success"]]
+        return {"reward": data["reward"], "success": success, "status": data["status"] or KEEP}
+
+
+OUTCOME_LABEL = "Change the outcome (reward, success, status)"
 
 
 # Which extra inputs each action needs on its confirmation page.
@@ -100,16 +139,19 @@ class TrajectoryAdmin(admin.ModelAdmin):
                     "curation_status", "is_duplicate", "tags", "created_at")
     list_filter = ("status", "curation_status", "is_duplicate", "source", "source_format", "harness")
     search_fields = ("task_key__exact", "source_ref__exact", "model__exact", "content_hash__exact")
+    # Provenance and outcome too: the outcome changes only through its action (a reason, an event), and no
+    # one makes a run a rollout by editing its source.
     readonly_fields = ("uid", "content_hash", "next_seq", "created_at", "updated_at", "original_blob",
                        "curation_status", "tags", "notes", "is_duplicate", "canonical", "cluster", "similarity",
-                       "search_indexed")
+                       "search_indexed", "source", "source_format", "source_version", "source_ref",
+                       "status", "reward", "success")
     raw_id_fields = ("canonical", "cluster")
     inlines = [CurationEventInline]
     show_full_result_count = False  # counting a large table on every page is the slow part
     show_facets = admin.ShowFacets.NEVER  # facet counts are one more count per filter option
     paginator = EstimatedCountPaginator
     list_per_page = 100
-    actions = [_curate(action) for action in ACTION_FIELDS]
+    actions = [*(_curate(action) for action in ACTION_FIELDS), "curate_set_outcome"]
 
     def get_queryset(self, request):
         # The list never shows the large text columns; the change form loads the row whole.
@@ -133,20 +175,39 @@ class TrajectoryAdmin(admin.ModelAdmin):
             self.message_user(request, f"{ACTION_LABELS[action]}: {result.changed} of {result.matched} runs changed "
                                        "(each recorded as a curation event).", messages.SUCCESS)
             return None
-        return self._confirmation(request, queryset, action, form)
+        return self._confirmation(request, queryset, action, form, ACTION_LABELS[action],
+                                  ("reason", *ACTION_FIELDS[action]))
 
-    def _confirmation(self, request, queryset: QuerySet[Trajectory], action: str, form: CurateActionForm):
+    @admin.action(description=f"{OUTCOME_LABEL}…", permissions=["change"])
+    def curate_set_outcome(self, request, queryset: QuerySet[Trajectory]):
+        """Ask for the new values and why, then set them on the selection (one event per run changed)."""
+        form = OutcomeActionForm(request.POST if "apply" in request.POST else None)
+        if form.is_bound and form.is_valid():
+            try:
+                result = trajectories_outcome_set(trajectories=queryset, actor=request.user,
+                                                  reason=form.cleaned_data["reason"], **form.outcome())
+            except TroveError as error:
+                form.add_error(None, error.message)
+            else:
+                self.message_user(request, f"{OUTCOME_LABEL}: {result.changed} of {result.matched} runs changed "
+                                           "(each recorded as a curation event).", messages.SUCCESS)
+                return None
+        return self._confirmation(request, queryset, SET_OUTCOME, form, OUTCOME_LABEL,
+                                  ("reason", "reward", "success", "status"))
+
+    def _confirmation(self, request, queryset: QuerySet[Trajectory], action: str, form: forms.Form, label: str,
+                      fields: tuple[str, ...]):
         select_across = request.POST.get("select_across") == "1"
         # Django wants some selected ids even when the action covers every row matching the filters.
         selected = list(queryset.values_list("pk", flat=True)[: 1 if select_across else self.list_per_page])
         context: dict[str, Any] = {
             **self.admin_site.each_context(request),
-            "title": f"{ACTION_LABELS[action]}: confirm",
+            "title": f"{label}: confirm",
             "opts": self.model._meta,
             "action": f"curate_{action}",
-            "action_label": ACTION_LABELS[action],
+            "action_label": label,
             "form": form,
-            "shown_fields": [form[name] for name in ("reason", *ACTION_FIELDS[action])],
+            "shown_fields": [form[name] for name in fields],
             "selected": selected,
             "select_across": select_across,
             "count": queryset.count(),

@@ -7,10 +7,15 @@ so a curator can act on thousands of runs at once. The selected rows are locked 
 UPDATE), so two curators acting on the same runs at once cannot record a "before" that was never true.
 
 `check_curation` validates the request without writing; `trajectories_curate` checks, then does.
+
+Outcomes (reward, success, status) change only here, through `trajectories_outcome_set`: a person's edit
+(the admin's action, the API's outcome endpoint) needs a reason, and each run changed gets a `set_outcome`
+event holding the old and new values of the fields that changed. `curation_history` reads a run's events.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -25,6 +30,11 @@ from experience.errors import NotFound, ValidationError
 from experience.models import CurationEvent, Trajectory
 
 ACTIONS = ("approve", "reject", "reset", "tag", "untag", "note", "mark_duplicate", "unmark_duplicate")
+SET_OUTCOME = "set_outcome"
+OUTCOME_FIELDS = ("reward", "success", "status")
+# A run is `running` only while its runner holds it; a person cannot put it back there.
+OUTCOME_STATUSES = tuple(s for s in Trajectory.Status.values if s != Trajectory.Status.RUNNING)
+MAX_REASON_CHARS = 2000
 _STATUS_OF = {"approve": "approved", "reject": "rejected", "reset": "pending"}
 _CHUNK = 2000  # ids per UPDATE (SQLite caps bound parameters) and events per INSERT
 MAX_TAG_CHARS = 64
@@ -174,3 +184,82 @@ def _record(action: str, changes: list[_Change], *, actor: Any, reason: str) -> 
         for c in changes
     )
     CurationEvent.objects.bulk_create(events, batch_size=_CHUNK)
+
+
+# --- outcomes ------------------------------------------------------------------------------------------------
+
+
+class _Keep:
+    """The value of an outcome field the caller leaves as it is (None means "clear it")."""
+
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP: Any = _Keep()
+
+
+def check_outcome(*, reason: str, reward: Any = KEEP, success: Any = KEEP, status: Any = KEEP) -> dict[str, Any]:
+    """Validate an outcome edit; returns the fields to set ({name: value}). Raises ValidationError naming
+    the field: a reason is required, and at least one field must be given."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValidationError("reason: an outcome change needs a reason (it is recorded with the change)",
+                              field="reason")
+    if len(reason) > MAX_REASON_CHARS:
+        raise ValidationError(f"reason: longer than {MAX_REASON_CHARS} characters", field="reason")
+    given = {name: value for name, value in (("reward", reward), ("success", success), ("status", status))
+             if value is not KEEP}
+    if not given:
+        raise ValidationError("reward: give at least one of reward, success or status", field="reward")
+    if "reward" in given:
+        given["reward"] = _reward(given["reward"])
+    if "success" in given and not (given["success"] is None or isinstance(given["success"], bool)):
+        raise ValidationError("success: must be true, false or null", field="success")
+    if "status" in given and given["status"] not in OUTCOME_STATUSES:
+        raise ValidationError(f"status: {given['status']!r} is not one of {', '.join(OUTCOME_STATUSES)}",
+                              field="status")
+    return given
+
+
+def _reward(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValidationError("reward: must be a finite number or null", field="reward")
+    return float(value)
+
+
+def trajectories_outcome_set(
+    *,
+    trajectories: QuerySet[Trajectory] | Iterable[int],
+    actor: Any,
+    reason: str,
+    reward: Any = KEEP,
+    success: Any = KEEP,
+    status: Any = KEEP,
+) -> CurationResult:
+    """Set the outcome fields given (KEEP leaves one as it is) on a selection, with a reason. Atomic.
+
+    One `set_outcome` CurationEvent per run changed: `before` and `after` hold the fields that changed on
+    that run; a run already holding the values records nothing. The rows are locked first, so the
+    recorded `before` is what the run held when it changed."""
+    values = check_outcome(reason=reason, reward=reward, success=success, status=status)
+    selection = _selection(trajectories)
+    with transaction.atomic():
+        rows = list(selection.select_for_update().order_by("pk").values_list("pk", *values))
+        changes = []
+        for pk, *current in rows:
+            old = dict(zip(values, current, strict=True))
+            changed = [name for name in values if old[name] != values[name]]
+            if changed:
+                changes.append(_Change(pk, {n: old[n] for n in changed}, {n: values[n] for n in changed}))
+        _update([c.trajectory_id for c in changes], **values, updated_at=timezone.now())
+        _record(SET_OUTCOME, changes, actor=actor, reason=reason.strip())
+    return CurationResult(action=SET_OUTCOME, matched=len(rows), changed=len(changes))
+
+
+def curation_history(*, trajectory_id: int) -> QuerySet[CurationEvent]:
+    """A run's curation events, newest first, with who made each. Raises NotFound for an unknown run."""
+    if not Trajectory.objects.filter(pk=trajectory_id).exists():
+        raise NotFound(f"trajectory {trajectory_id} does not exist")
+    return CurationEvent.objects.filter(trajectory_id=trajectory_id).select_related("actor").order_by("-id")

@@ -3,7 +3,7 @@
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from webapp.api import datasets, fleets, jobs, trajectories
+from webapp.api import datasets, fleets, jobs, outcomes, trajectories
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
@@ -11,5 +11,6 @@ urlpatterns = [
     path("v1/", include(jobs.urlpatterns)),
     path("v1/", include(fleets.urlpatterns)),
     path("v1/", include(trajectories.urlpatterns)),
+    path("v1/", include(outcomes.urlpatterns)),
     path("v1/", include(datasets.urlpatterns)),
 ]
