@@ -14,6 +14,11 @@ starts its own. It keeps that cluster's canonical: a better canonical is a batch
 The canonical of a cluster is its earliest id, or the item that sorts first by `canonical_key` (pass
 e.g. `lambda item: (-rewards[item.id], item.id)` to prefer the best run). The cluster key is the
 canonical's exact hash: content-derived, so it is the same in any store that agrees on the canonical.
+The store re-derives canonicals and duplicate marks from outcomes afterwards (`canonical.derive`): these
+clusters say which runs did the same thing, not which of them a dataset may leave out.
+
+An item without an exact hash (`signature.NO_SIGNATURE`: a run with no actions) is never joined to
+anything, exactly or by similarity: an empty action list says nothing about what a run did.
 """
 
 from __future__ import annotations
@@ -97,6 +102,8 @@ def assign(
     ids it does not return are ignored. `exact_match` is a stored item with the same exact hash, if the
     caller found one (the database has the hash indexed; the vector index does not).
     """
+    if not item.exact_hash:
+        return Assignment(item.id, item.exact_hash, item.id, 1.0, "canonical")
     if exact_match is not None:
         return Assignment(item.id, exact_match.cluster_key, exact_match.canonical_id, 1.0, "exact")
     match = _nearest_member(item, index, lookup, threshold, across_tasks, neighbours)
@@ -143,15 +150,17 @@ def _by_id(item: DedupItem) -> int:
 def _join_exact(items: Sequence[DedupItem], components: UnionFind) -> None:
     first_with_hash: dict[str, int] = {}
     for position, item in enumerate(items):
-        components.union(first_with_hash.setdefault(item.exact_hash, position), position)
+        if item.exact_hash:
+            components.union(first_with_hash.setdefault(item.exact_hash, position), position)
 
 
 def _groups(items: Sequence[DedupItem], *, across_tasks: bool) -> Iterable[list[int]]:
+    signed = [position for position, item in enumerate(items) if item.exact_hash]
     if across_tasks:
-        return [list(range(len(items)))]
+        return [signed]
     by_task: dict[str, list[int]] = defaultdict(list)
-    for position, item in enumerate(items):
-        by_task[item.task_key].append(position)
+    for position in signed:
+        by_task[items[position].task_key].append(position)
     return by_task.values()
 
 

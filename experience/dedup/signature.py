@@ -20,7 +20,10 @@ Choices, and why:
   search absorbs that.
 - **The exact hash** is sha256 over a versioned JSON of `[task_key, actions]`, so runs of different tasks
   never share a hash, and a change of the rules (bump `SIGNATURE_VERSION`) never matches old hashes. A run
-  with no actions hashes to "this task, nothing done", shared by all such runs of the task.
+  with no actions has no hash (`NO_SIGNATURE`, the empty string): "nothing done" is not evidence that
+  two runs did the same thing (a run whose actions were not recorded as actions, one that crashed at
+  once and one that was handed a task already solved would all share it), so such a run is never an
+  exact duplicate, and dedup does not place it in a cluster by its (empty) action list either.
 - **The signature text** (input to the embedders) is the task head (task key and the first ~200 characters
   of the instruction), the ordered actions, each capped so one long edit cannot crowd out the rest, and
   the final diff reduced to its file headers and changed lines (context lines and `index` / hunk line
@@ -45,6 +48,7 @@ ACTION_CHARS = 160
 # The step kinds a signature and the exact hash read: observations stay unread, so loaders can skip them.
 ACTION_KINDS = ("command", "tool_call", "model_call")
 DEFAULT_SIGNATURE_CHARS = 2000
+NO_SIGNATURE = ""  # the exact hash of a run with no actions: matches nothing
 
 _TEMP_DIR = re.compile(
     r"(?<![\w.~-])(?:/private)?(?:/var/folders/[^/\s'\"]+/[^/\s'\"]+/[A-Z]|/var/tmp|/tmp|/dev/shm)/[^/\s'\"]+"
@@ -83,10 +87,12 @@ def action_sequence(record: TrajectoryRecord) -> list[str]:
 def exact_hash(record: TrajectoryRecord, *, actions: list[str] | None = None) -> str:
     """sha256 hex of the task key and the normalised action sequence; equal for exact duplicates.
 
-    Pass `actions` (from `action_sequence`) when the caller also builds the signature text, to normalise
-    once.
+    `NO_SIGNATURE` (empty) for a run with no actions: it is nobody's exact duplicate. Pass `actions`
+    (from `action_sequence`) when the caller also builds the signature text, to normalise once.
     """
     actions = action_sequence(record) if actions is None else actions
+    if not actions:
+        return NO_SIGNATURE
     payload = json.dumps(
         [f"trove-actions-v{SIGNATURE_VERSION}", record.task_key, actions],
         ensure_ascii=False,

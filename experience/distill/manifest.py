@@ -25,7 +25,7 @@ import xxhash
 from experience.distill.credit import CREDIT_VERSION
 from experience.distill.errors import EmptyDatasetError
 from experience.distill.rubric import RUBRIC_VERSION
-from experience.distill.selection import exclusion_reason
+from experience.distill.selection import exclusion_reason, kept_despite_duplicate_mark
 from experience.distill.source import SourceRun
 from experience.distill.spec import SPLITS, DatasetSpec
 from experience.distill.writers import encode_row
@@ -87,6 +87,7 @@ class ManifestBuilder:
         self.curation_version = curation_version
         self.runs_offered = 0
         self.runs_excluded: Counter[str] = Counter()
+        self.duplicates_kept = 0  # marked duplicates of a run whose outcome differs: kept
         self._source_hashes: dict[str, str] = {}
         self._used: set[str] = set()
         self._splits = {name: _SplitCounts() for name in SPLITS}
@@ -102,6 +103,7 @@ class ManifestBuilder:
             raise ValueError("only builders of the same spec merge")
         self.runs_offered += other.runs_offered
         self.runs_excluded.update(other.runs_excluded)
+        self.duplicates_kept += other.duplicates_kept
         self._source_hashes.update(other._source_hashes)
         self._used |= other._used
         for name, counts in other._splits.items():
@@ -124,6 +126,7 @@ class ManifestBuilder:
                 self._source_hashes[run.trajectory_id] = run.resolved_hash()
             else:
                 self.runs_excluded[reason] += 1
+            self.duplicates_kept += kept_despite_duplicate_mark(run, self.spec)
             yield run
 
     def observe(self, row: Row, encoded: bytes | None = None) -> None:
@@ -177,6 +180,12 @@ class ManifestBuilder:
             "source_trajectory_ids": [trajectory_id for trajectory_id, _ in sources],
             "runs_offered": self.runs_offered,
             "runs_excluded": dict(sorted(self.runs_excluded.items())),
+            # Dedup never hides a success behind a failure: only duplicates of a run with the same outcome
+            # are left out; a run marked a duplicate of a run whose outcome differs is kept.
+            "duplicates": {
+                "left_out_same_outcome": self.runs_excluded["duplicate"],
+                "kept_outcome_differs": self.duplicates_kept,
+            },
             "label_versions": dict(sorted(self.label_versions.items())),
             "curation_version": self.curation_version,
         }

@@ -14,11 +14,13 @@ from experience.distill.splits import unit_interval
 def exclusion_reason(run: SourceRun, spec: DatasetSpec) -> str | None:
     """Why the spec leaves this run out, or None when it is used.
 
-    Reasons: `duplicate` and `rejected` (unless the spec includes them), `unusable_status` (the run was
-    still running, cancelled or broke on infrastructure: it says nothing about the agent), `no_outcome`
-    (no success flag and no reward: there is nothing to learn a value from).
+    Reasons: `duplicate` (a duplicate of a run with the same outcome: a duplicate whose outcome differs
+    from the run it was marked against is kept, so a success is never left out behind a failure) and
+    `rejected` (unless the spec includes them), `unusable_status` (the run was still running, cancelled or
+    broke on infrastructure: it says nothing about the agent), `no_outcome` (no success flag and no
+    reward: there is nothing to learn a value from).
     """
-    if run.is_duplicate and not spec.include_duplicates:
+    if is_same_outcome_duplicate(run) and not spec.include_duplicates:
         return "duplicate"
     if run.curation == CURATION_REJECTED and not spec.include_rejected:
         return "rejected"
@@ -27,6 +29,16 @@ def exclusion_reason(run: SourceRun, spec: DatasetSpec) -> str | None:
     if run_success(run.record) is None:
         return "no_outcome"
     return None
+
+
+def is_same_outcome_duplicate(run: SourceRun) -> bool:
+    """Marked a duplicate of a run with the same outcome: the only duplicates a build may leave out."""
+    return run.is_duplicate and not run.duplicate_outcome_differs
+
+
+def kept_despite_duplicate_mark(run: SourceRun, spec: DatasetSpec) -> bool:
+    """Marked a duplicate, but of a run whose outcome differs: the build keeps it (and counts it)."""
+    return run.is_duplicate and run.duplicate_outcome_differs and not spec.include_duplicates
 
 
 def eligible(runs: Iterable[SourceRun], spec: DatasetSpec) -> Iterator[SourceRun]:

@@ -29,7 +29,9 @@ class SourceRun:
     `trajectory_id` is the store's id as a string. `content_hash` identifies the record's content for the
     manifest; when empty it is computed from the record (`record_content_hash`). `curation` is the curation
     status (`rejected` is left out unless the spec includes it; anything else is kept). `is_duplicate` is
-    the dedup mark. `task_set` and `task_key` come from the record.
+    the dedup mark; `duplicate_outcome_differs` says the run it marks this one a duplicate of has another
+    outcome (or is gone), so the mark does not let a build leave this run out. `task_set` and `task_key`
+    come from the record.
 
     `digest`: the run's decisions as the store keeps them (`digest.RunDigest`), when it
     was read instead of the run's steps (then `record.steps` is empty); value rows are made from it.
@@ -41,6 +43,7 @@ class SourceRun:
     curation: str = ""
     is_duplicate: bool = False
     digest: RunDigest | None = None
+    duplicate_outcome_differs: bool = False
 
     @property
     def task_key(self) -> str:

@@ -41,6 +41,7 @@ from django.db.models.functions import Collate
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
+from experience.dedup.canonical import outcome_of
 from experience.distill.digest import DIGEST_VERSION, RunDigest, instruction_hash
 from experience.distill.selection import exclusion_reason
 from experience.distill.source import SourceRun
@@ -76,6 +77,7 @@ TRAJECTORY_COLUMNS = (
     "id", "source", "source_format", "source_version", "source_ref", "task_set", "task_key", "instruction",
     "harness", "model", "status", "reward", "success", "started_at", "finished_at", "cost", "final_diff",
     "metadata", "n_steps", "curation_status", "is_duplicate", "tags",
+    "canonical_id", "canonical__success", "canonical__reward",  # the run a duplicate is marked against
 )  # fmt: skip
 STEP_COLUMNS = (
     "id", "trajectory_id", "seq", "kind", "started_at", "ended_at", "duration_ms", "tokens_in", "tokens_out",
@@ -540,6 +542,7 @@ def _stored_run(row: Mapping[str, Any], steps: _RunSteps | None) -> StoredRun:
         content_hash=store_content_hash(row, steps_hash) if steps is not None else "",
         curation=row["curation_status"],
         is_duplicate=row["is_duplicate"],
+        duplicate_outcome_differs=_duplicate_outcome_differs(row),
         row_id=row["id"],
         step_ids=tuple(steps.ids) if steps is not None else (),
         steps_sha256=steps_hash,
@@ -554,12 +557,24 @@ def _digested_run(row: Mapping[str, Any], kept: _KeptDigest) -> StoredRun:
         content_hash=store_content_hash(row, kept.steps_sha256),
         curation=row["curation_status"],
         is_duplicate=row["is_duplicate"],
+        duplicate_outcome_differs=_duplicate_outcome_differs(row),
         digest=RunDigest.decode(kept.data),
         row_id=row["id"],
         steps_sha256=kept.steps_sha256,
         digest_steps=kept.n_steps,
         digest_labels=tuple((name, value, step) for name, value, step in kept.labels),
     )
+
+
+def _duplicate_outcome_differs(row: Mapping[str, Any]) -> bool:
+    """A duplicate mark against no run, or against a run whose outcome differs: it leaves nothing out (the
+    Python twin of `experience.services.dedup.same_outcome_duplicates`)."""
+    if not row["is_duplicate"]:
+        return False
+    if row["canonical_id"] is None:
+        return True
+    mine = outcome_of(success=row["success"], reward=row["reward"])
+    return mine != outcome_of(success=row["canonical__success"], reward=row["canonical__reward"])
 
 
 def steps_content_hash(step_texts: list[str]) -> str:

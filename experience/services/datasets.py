@@ -72,6 +72,7 @@ from experience.services.dataset_source import (
     source_run_batches,
     stored_run_batches,
 )
+from experience.services.dedup import same_outcome_duplicates
 
 log = logging.getLogger("trove.datasets")
 
@@ -112,7 +113,7 @@ def usable_runs(spec: DatasetSpec) -> QuerySet[Trajectory]:
     runs = runs_matching(spec.filters).exclude(status__in=UNUSABLE_STATUSES)
     runs = runs.exclude(success__isnull=True, reward__isnull=True)
     if not spec.include_duplicates:
-        runs = runs.filter(is_duplicate=False)
+        runs = runs.exclude(same_outcome_duplicates())
     if not spec.include_rejected:
         runs = runs.exclude(curation_status=CURATION_REJECTED)
     return runs
@@ -146,7 +147,7 @@ def _exclusions(matching: QuerySet[Trajectory], spec: DatasetSpec) -> str:
     """Counts per reason, in the order `exclusion_reason` tries them (each run counted once)."""
     reasons: list[tuple[str, Q]] = []
     if not spec.include_duplicates:
-        reasons.append(("duplicate", Q(is_duplicate=True)))
+        reasons.append(("duplicate", same_outcome_duplicates()))  # of a run with the same outcome
     if not spec.include_rejected:
         reasons.append(("rejected", Q(curation_status=CURATION_REJECTED)))
     reasons += [

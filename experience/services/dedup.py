@@ -5,8 +5,15 @@ The algorithms live in experience.dedup (no ORM); this module reads rows, calls 
 - `trajectory_dedup(trajectory_ids=)`: per finished run, the exact hash (`content_hash`), the signature's
   embedding (a `TrajectoryEmbedding` row per embedder), then its place: the cluster of an exact duplicate of
   the same task, else of its nearest neighbour at or above the embedder's calibrated threshold (same task
-  unless `across_tasks`), else none. Duplicates get cluster, canonical and similarity; nothing is deleted.
-  Idempotent: a run already in a cluster keeps it, an unchanged signature is not embedded again.
+  unless `across_tasks`), else none. A run with no actions has no exact hash (empty) and is never placed,
+  nor found as anyone's neighbour. Idempotent: a run already in a cluster keeps it, an unchanged
+  signature is not embedded again.
+- Canonicals and duplicate marks are derived from the members' outcomes (experience.dedup.canonical):
+  each outcome group of a cluster keeps a representative, the others are duplicates of it, so a run is
+  only ever a duplicate of a run with the same outcome; a cluster with several groups is `mixed_outcomes`.
+  Re-derived whenever a member joins, whenever members' outcomes or curation change
+  (`dedup_outcomes_changed`), and for every cluster derived under an older rule (`clusters_rederive_stale`,
+  from the dedup beat). Nothing is deleted.
 - The FAISS index (experience.dedup.index.VectorIndex) is a cache of the embedding rows, keyed by
   `TrajectoryEmbedding.id`, one file per embedder and version under TROVE_INDEX_DIR. Its high-water mark is
   the largest embedding id it holds: `index_refresh` adds the rows above it. Embedding ids, not trajectory
@@ -16,7 +23,8 @@ The algorithms live in experience.dedup (no ORM); this module reads rows, calls 
   other's index. Readers (`similar_runs`) use an in-process copy, reloaded when the file changes; the file
   is replaced atomically (temp file + rename, in VectorIndex.save).
 - `dedup_rebuild`: re-embed, rebuild the index from the rows, and re-cluster every automatic cluster in one
-  batch (single linkage, canonical = earliest run). Clusters a curator touched (`method=manual`) are kept.
+  batch (single linkage, canonicals by the rule). Clusters a curator touched (`method=manual`) keep their
+  runs and their canonical; their marks are re-derived.
 - `cluster_split` / `cluster_merge`: a curator's corrections, each change a CurationEvent (who, when, why).
 """
 
@@ -36,11 +44,13 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import F, Q
 
+from experience.dedup.canonical import CANONICAL_RULE_VERSION, Candidate, Derivation, derive, outcome_of
 from experience.dedup.cluster import Assignment, DedupItem, Member, assign, cluster_items
 from experience.dedup.embed import DEFAULT_EMBEDDER, Embedder, get_embedder
 from experience.dedup.index import VectorIndex
-from experience.dedup.signature import ACTION_KINDS, action_sequence, exact_hash, signature_text
+from experience.dedup.signature import ACTION_KINDS, NO_SIGNATURE, action_sequence, exact_hash, signature_text
 from experience.errors import NotFound, ValidationError
 from experience.models import CurationEvent, DedupCluster, Step, Trajectory, TrajectoryEmbedding
 from experience.records import TrajectoryRecord
@@ -61,10 +71,12 @@ class DedupReport:
     placed: int = 0  # runs given a place (a cluster, or confirmed unique)
     duplicates: int = 0  # runs marked duplicate by this call
     skipped: int = 0  # runs not finished or unknown
+    rederived: int = 0  # clusters re-derived under the current canonical rule (the beat's sweep)
     trajectory_ids: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in ("embedded", "placed", "duplicates", "skipped")}
+        names = ("embedded", "placed", "duplicates", "skipped", "rederived")
+        return {name: getattr(self, name) for name in names}
 
 
 # --- the embedder ------------------------------------------------------------------------------------------
@@ -296,9 +308,9 @@ def dedup_pending(
     """Dedup the oldest finished runs that have no embedding from the embedder yet (the beat's backlog)."""
     embedder = _resolve(embedder)
     ids = list(pending_trajectories(embedder=embedder).values_list("id", flat=True)[:limit])
-    if not ids:
-        return DedupReport()
-    return trajectory_dedup(trajectory_ids=ids, embedder=embedder, across_tasks=across_tasks)
+    report = trajectory_dedup(trajectory_ids=ids, embedder=embedder, across_tasks=across_tasks) if ids else DedupReport()
+    report.rederived = clusters_rederive_stale(limit=limit, embedder=embedder)
+    return report
 
 
 def pending_trajectories(*, embedder: Embedder):
@@ -321,7 +333,10 @@ class _Placer:
 
     def lookup(self, embedding_ids: list[int]) -> dict[int, Member]:
         wanted = [i for i in embedding_ids if i not in self.unplaced]
-        rows = list(TrajectoryEmbedding.objects.filter(pk__in=wanted, embedder=self.key).values_list(
+        # A run with no actions is nobody's neighbour: its signature is its task head and nothing else.
+        embedded = TrajectoryEmbedding.objects.filter(pk__in=wanted, embedder=self.key).exclude(
+            trajectory__content_hash=NO_SIGNATURE)
+        rows = list(embedded.values_list(
             "pk", "trajectory_id", "trajectory__task_key", "trajectory__cluster_id", "trajectory__cluster__canonical_id"))
         canonicals = self.embedding_ids([c for *_, c in rows if c is not None])
         return {
@@ -351,34 +366,36 @@ def _place_all(signed: list[_Signed], embedder: Embedder, index: VectorIndex, ac
     rows = {t: (pk, _vector(v)) for pk, t, v in TrajectoryEmbedding.objects.filter(
         trajectory_id__in=[s.trajectory.pk for s in signed], embedder=key).values_list("pk", "trajectory_id", "vector")}
     placer = _Placer(key, {rows[s.trajectory.pk][0] for s in signed if s.trajectory.cluster_id is None})
+    joined: list[int] = []
     for item in signed:
         trajectory = item.trajectory
         embedding_id, vector = rows[trajectory.pk]
         report.placed += 1
         if trajectory.cluster_id is not None:  # placed before (or by a curator): keep it
             continue
+        if trajectory.content_hash == NO_SIGNATURE:  # no actions: nothing to be a duplicate by
+            continue
         dedup_item = DedupItem(embedding_id, trajectory.task_key, trajectory.content_hash, vector)
         result = assign(dedup_item, index=index, lookup=placer.lookup, threshold=embedder.threshold,
                         across_tasks=across_tasks, exact_match=placer.exact_twin(trajectory, embedding_id))
         placer.unplaced.discard(embedding_id)
         if result.is_duplicate:
-            _mark(trajectory, result)
-            report.duplicates += 1
+            _mark(trajectory, result, key)
+            joined.append(trajectory.pk)
+    report.duplicates = Trajectory.objects.filter(pk__in=joined, is_duplicate=True).count()
 
 
-def _mark(trajectory: Trajectory, result: Assignment) -> None:
+def _mark(trajectory: Trajectory, result: Assignment, key: str) -> None:
+    """Put the run in the cluster the assignment names, then re-derive that cluster's canonical and marks."""
     canonical_id = TrajectoryEmbedding.objects.values_list("trajectory_id", flat=True).get(pk=result.canonical_id)
     method = DedupCluster.Method.EXACT if result.match == "exact" else DedupCluster.Method.NEAR
     cluster = _cluster_of(result, canonical_id, method)
-    # The cluster's own canonical wins: it may have no vector under this embedder (a curator chose it).
-    canonical_id = cluster.canonical_id or canonical_id
+    cluster = DedupCluster.objects.select_for_update().get(pk=cluster.pk)  # the cluster row, then its runs
     if cluster.method == DedupCluster.Method.EXACT and method == DedupCluster.Method.NEAR:
         cluster.method = method
-    Trajectory.objects.filter(pk=trajectory.pk).update(
-        cluster=cluster, canonical_id=canonical_id, is_duplicate=True, similarity=result.similarity)
+    Trajectory.objects.filter(pk=trajectory.pk).update(cluster=cluster)
     trajectory.cluster_id = cluster.pk
-    cluster.size = Trajectory.objects.filter(cluster=cluster).count()
-    cluster.save(update_fields=["method", "size", "updated_at"])
+    _derive_cluster(cluster, key=key)
 
 
 def _cluster_of(result: Assignment, canonical_id: int, method: str) -> DedupCluster:
@@ -386,9 +403,172 @@ def _cluster_of(result: Assignment, canonical_id: int, method: str) -> DedupClus
     if result.cluster_key.startswith("c"):
         return DedupCluster.objects.get(pk=int(result.cluster_key[1:]))
     canonical = Trajectory.objects.get(pk=canonical_id)
-    cluster = DedupCluster.objects.create(task_key=canonical.task_key, method=method, canonical=canonical, size=1)
+    cluster = DedupCluster.objects.create(task_key=canonical.task_key, method=method, canonical=canonical, size=1,
+                                          canonical_rule=CANONICAL_RULE_VERSION)
     Trajectory.objects.filter(pk=canonical_id).update(cluster=cluster, canonical=None, is_duplicate=False, similarity=1.0)
     return cluster
+
+
+# --- canonicals and duplicate marks -------------------------------------------------------------------
+
+_TRACKED = ("cluster_id", "canonical_id", "is_duplicate", "similarity")
+_OUTCOME = ("success", "reward", "curation_status")
+
+
+def _members_of(trajectory_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+    """Each run's dedup state and what the canonical rule reads of it, by id."""
+    rows = Trajectory.objects.filter(pk__in=list(trajectory_ids)).values_list("pk", *_TRACKED, *_OUTCOME)
+    return {pk: dict(zip((*_TRACKED, *_OUTCOME), values, strict=True)) for pk, *values in rows}
+
+
+def _candidate(pk: int, row: Mapping[str, Any]) -> Candidate:
+    return Candidate(pk, outcome_of(success=row["success"], reward=row["reward"]), row["curation_status"])
+
+
+def _vectors(trajectory_ids: Iterable[int], key: str) -> dict[int, np.ndarray]:
+    rows = TrajectoryEmbedding.objects.filter(trajectory_id__in=list(trajectory_ids), embedder=key)
+    return {pk: _vector(raw) for pk, raw in rows.values_list("trajectory_id", "vector")}
+
+
+def _marks(cluster_id: int, derivation: Derivation, member_ids: Iterable[int],
+           vectors: Mapping[int, np.ndarray]) -> dict[int, dict[str, Any]]:
+    """Each member's dedup state under the derivation. `similarity` is the cosine to the run it duplicates
+    (a representative: to the cluster's canonical), from the stored vectors (None without both)."""
+    plans = {}
+    for pk in member_ids:
+        anchor = derivation.duplicate_of.get(pk)
+        to = anchor if anchor is not None else derivation.canonical_id
+        plans[pk] = dict(cluster_id=cluster_id, canonical_id=anchor, is_duplicate=anchor is not None,
+                         similarity=_cosine(vectors, pk, to))
+    return plans
+
+
+def _cosine(vectors: Mapping[int, np.ndarray], left: int, right: int) -> float | None:
+    if left == right:
+        return 1.0
+    if left not in vectors or right not in vectors:
+        return None
+    return round(float(np.dot(vectors[left], vectors[right])), 6)
+
+
+def _derived(cluster: DedupCluster, members: Mapping[int, Mapping[str, Any]], key: str,
+             pinned: int | None) -> tuple[Derivation, dict[int, dict[str, Any]]]:
+    derivation = derive([_candidate(pk, row) for pk, row in members.items()], pinned=pinned)
+    return derivation, _marks(cluster.pk, derivation, members, _vectors(members, key))
+
+
+def _write_marks(members: Mapping[int, Mapping[str, Any]], plans: Mapping[int, dict[str, Any]]) -> int:
+    """Write the states that changed (no CurationEvent: automatic dedup); returns how many."""
+    changed = 0
+    for pk, after in plans.items():
+        if {name: members[pk][name] for name in _TRACKED} != after:
+            Trajectory.objects.filter(pk=pk).update(**after)
+            changed += 1
+    return changed
+
+
+def _settle(cluster: DedupCluster, derivation: Derivation, size: int) -> None:
+    cluster.canonical_id = derivation.canonical_id
+    cluster.mixed_outcomes = derivation.mixed_outcomes
+    cluster.canonical_rule = CANONICAL_RULE_VERSION
+    cluster.size = size
+    cluster.save(update_fields=["canonical", "mixed_outcomes", "canonical_rule", "method", "task_key", "size",
+                                "updated_at"])
+
+
+def _pinned(cluster: DedupCluster) -> int | None:
+    """A curator's canonical stands (manual clusters); an automatic cluster's follows the rule."""
+    return cluster.canonical_id if cluster.method == DedupCluster.Method.MANUAL else None
+
+
+def _derive_cluster(cluster: DedupCluster, *, key: str) -> None:
+    """Re-derive a cluster's canonical and its members' marks from their outcomes. Caller holds the
+    cluster's row lock (or the writer lock); an emptied automatic cluster is deleted."""
+    members = _members_of(Trajectory.objects.filter(cluster=cluster).values_list("pk", flat=True))
+    if not members:
+        cluster.delete()
+        return
+    derivation, plans = _derived(cluster, members, key, _pinned(cluster))
+    _write_marks(members, plans)
+    _settle(cluster, derivation, len(members))
+
+
+def _drop_runs_without_actions(cluster: DedupCluster, key: str) -> None:
+    """Members (of an automatic cluster) with no actions leave it: re-hashed first, since their hashes
+    may be from before a run with no actions had none. A cluster left with one run is dissolved."""
+    if cluster.method == DedupCluster.Method.MANUAL:
+        return
+    members = _finished(Trajectory.objects.filter(cluster=cluster).values_list("pk", flat=True))
+    signed = _signed(members)
+    _write_hashes([item for item in signed if item.trajectory.content_hash != item.content_hash])
+    empty = [item.trajectory.pk for item in signed if item.content_hash == NO_SIGNATURE]
+    if len(members) - len(empty) < 2:
+        empty = [t.pk for t in members]
+    Trajectory.objects.filter(pk__in=empty).update(cluster=None, canonical=None, is_duplicate=False, similarity=None)
+
+
+def clusters_rederive(*, cluster_ids: Iterable[int], embedder: Embedder | str | None = None) -> int:
+    """Re-derive these clusters' canonicals and duplicate marks (missing ids are ignored); returns how many
+    were re-derived. Takes the dedup writer lock: call it outside a transaction that holds run rows."""
+    key = embedder_key(_resolve(embedder))
+    ids = sorted({int(i) for i in cluster_ids})
+    with _writer():
+        clusters = list(DedupCluster.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
+        for cluster in clusters:
+            if cluster.canonical_rule != CANONICAL_RULE_VERSION:
+                _drop_runs_without_actions(cluster, key)
+            _derive_cluster(cluster, key=key)
+    return len(clusters)
+
+
+def clusters_rederive_stale(*, limit: int = PENDING_BATCH, embedder: Embedder | str | None = None) -> int:
+    """Re-derive up to `limit` clusters derived under an older canonical rule (or none), oldest first: after
+    `CANONICAL_RULE_VERSION` changes, the dedup beat works through the store a batch at a time."""
+    stale = DedupCluster.objects.exclude(canonical_rule=CANONICAL_RULE_VERSION).order_by("pk")
+    ids = list(stale.values_list("pk", flat=True)[:limit])
+    return clusters_rederive(cluster_ids=ids, embedder=embedder) if ids else 0
+
+
+def dedup_outcomes_changed(*, trajectory_ids: Iterable[int]) -> None:
+    """Tell dedup that these runs' reward, success, labels or curation status changed: their clusters'
+    canonicals and duplicate marks are re-derived once the caller's transaction commits (at once when
+    there is none), so a run that turned out to succeed stops being a duplicate of a failure.
+
+    After the commit, not inside it: the caller holds the runs' row locks, and the dedup writer takes its
+    lock before it touches runs; taking it the other way round could deadlock with a placing worker.
+    """
+    ids = sorted({int(i) for i in trajectory_ids})
+    if ids:
+        transaction.on_commit(lambda: _rederive_clusters_of(ids))
+
+
+def _rederive_clusters_of(trajectory_ids: list[int]) -> None:
+    clusters = Trajectory.objects.filter(pk__in=trajectory_ids, cluster__isnull=False).values_list("cluster_id", flat=True)
+    clusters_rederive(cluster_ids=set(clusters))
+
+
+def same_outcome_duplicates() -> Q:
+    """SQL: runs marked duplicate of a run with the same outcome (`canonical.outcome_of`: solved alike and
+    the same reward), the only duplicates a dataset build leaves out (`distill.selection`). A mark left
+    stale by an outcome change, or a curator's mark of a success as a failure's duplicate, does not count."""
+    return Q(is_duplicate=True, canonical__isnull=False) & _same_solved() & _same_reward()
+
+
+def _solved_states(prefix: str) -> tuple[Q, Q, Q]:
+    success, reward = f"{prefix}success", f"{prefix}reward"
+    won = Q(**{success: True}) | Q(**{f"{success}__isnull": True, f"{reward}__gt": 0})
+    lost = Q(**{success: False}) | Q(**{f"{success}__isnull": True, f"{reward}__lte": 0})
+    unknown = Q(**{f"{success}__isnull": True, f"{reward}__isnull": True})
+    return won, lost, unknown
+
+
+def _same_solved() -> Q:
+    mine, theirs = _solved_states(""), _solved_states("canonical__")
+    return (mine[0] & theirs[0]) | (mine[1] & theirs[1]) | (mine[2] & theirs[2])
+
+
+def _same_reward() -> Q:
+    return Q(reward=F("canonical__reward")) | Q(reward__isnull=True, canonical__reward__isnull=True)
 
 
 # --- batch rebuild -----------------------------------------------------------------------------------------
@@ -426,30 +606,36 @@ def _recluster(embedder: Embedder, across_tasks: bool) -> dict[str, int]:
     groups: dict[int, list[Assignment]] = defaultdict(list)
     for result in assignments:
         groups[result.canonical_id].append(result)
-    task_of = {item.id: item.task_key for item in items}
-    kept: set[int] = set()
+    families = [members for members in groups.values() if len(members) > 1]
     Trajectory.objects.filter(id__in=[i.id for i in items]).update(
         cluster=None, canonical=None, is_duplicate=False, similarity=None)
-    for canonical_id, members in groups.items():
-        if len(members) > 1:
-            kept.add(_write_cluster(canonical_id, members, task_of[canonical_id], reuse.get(canonical_id)))
+    states = _members_of(result.id for members in families for result in members)
+    vectors = {item.id: item.vector for item in items}
+    task_of = {item.id: item.task_key for item in items}
+    kept: set[int] = set()
+    duplicates = 0
+    for members in families:
+        family = {result.id: states[result.id] for result in members}
+        derivation = derive([_candidate(pk, row) for pk, row in family.items()])
+        method = DedupCluster.Method.NEAR if any(m.match == "near" for m in members) else DedupCluster.Method.EXACT
+        cluster = _family_cluster(reuse.get(derivation.canonical_id), task_of[derivation.canonical_id], method)
+        _write_marks(family, _marks(cluster.pk, derivation, family, vectors))
+        _settle(cluster, derivation, len(family))
+        kept.add(cluster.pk)
+        duplicates += derivation.duplicates
     automatic.exclude(pk__in=kept).delete()
-    return {"clusters": len(kept), "duplicates": sum(len(m) - 1 for m in groups.values() if len(m) > 1)}
+    for cluster in DedupCluster.objects.filter(method=DedupCluster.Method.MANUAL):
+        _derive_cluster(cluster, key=key)
+    return {"clusters": len(kept), "duplicates": duplicates}
 
 
-def _write_cluster(canonical_id: int, members: list[Assignment], task_key: str, existing: int | None) -> int:
-    method = DedupCluster.Method.NEAR if any(m.match == "near" for m in members) else DedupCluster.Method.EXACT
-    if existing is None:
-        cluster = DedupCluster.objects.create(task_key=task_key, method=method, canonical_id=canonical_id, size=len(members))
-    else:
-        DedupCluster.objects.filter(pk=existing).update(task_key=task_key, method=method, size=len(members))
-        cluster = DedupCluster(pk=existing)
-    Trajectory.objects.filter(pk=canonical_id).update(cluster=cluster, similarity=1.0)
-    for result in members:
-        if result.is_duplicate:
-            Trajectory.objects.filter(pk=result.id).update(
-                cluster=cluster, canonical_id=canonical_id, is_duplicate=True, similarity=result.similarity)
-    return cluster.pk
+def _family_cluster(existing: int | None, task_key: str, method: str) -> DedupCluster:
+    """The automatic cluster that had this canonical (reused, so its id survives a rebuild), or a new one."""
+    if existing is not None:
+        cluster = DedupCluster.objects.get(pk=existing)
+        cluster.task_key, cluster.method = task_key, method
+        return cluster
+    return DedupCluster.objects.create(task_key=task_key, method=method)
 
 
 # --- similar runs ------------------------------------------------------------------------------------------
@@ -523,18 +709,24 @@ def cluster_get(*, cluster_id: int) -> DedupCluster:
         raise NotFound(f"cluster {cluster_id} does not exist", field="cluster") from None
 
 
-def cluster_list(*, limit: int = 100):
-    """Clusters with more than one run, largest first."""
-    return (DedupCluster.objects.filter(size__gt=1).select_related("canonical").order_by("-size", "-id")[:limit])
+OUTCOME_FILTERS = ("mixed", "same")
+
+
+def cluster_list(*, limit: int = 100, outcomes: str | None = None):
+    """Clusters with more than one run, largest first. `outcomes`: "mixed" (runs whose outcomes differ,
+    grouped for browsing only) or "same"; None for all. Raises `ValidationError` on another value."""
+    clusters = DedupCluster.objects.filter(size__gt=1)
+    if outcomes:
+        if outcomes not in OUTCOME_FILTERS:
+            raise ValidationError(f"outcomes: {outcomes!r} is not one of {', '.join(OUTCOME_FILTERS)}", field="outcomes")
+        clusters = clusters.filter(mixed_outcomes=outcomes == "mixed")
+    return clusters.select_related("canonical").order_by("-size", "-id")[:limit]
 
 
 def cluster_members(*, cluster: DedupCluster) -> list[tuple[Trajectory, list[str]]]:
-    """The cluster's runs (canonical first, then by id), each with its normalised actions."""
-    members = list(Trajectory.objects.filter(cluster=cluster).order_by("is_duplicate", "id"))
+    """The cluster's runs (the canonical first, then by id), each with its normalised actions."""
+    members = sorted(Trajectory.objects.filter(cluster=cluster), key=lambda t: (t.pk != cluster.canonical_id, t.pk))
     return [(t, action_sequence(record)) for t, record in _action_records(members)]
-
-
-_TRACKED = ("cluster_id", "canonical_id", "is_duplicate", "similarity")
 
 
 def _state(trajectory: Trajectory) -> dict[str, Any]:
@@ -549,7 +741,8 @@ def cluster_split(*, cluster_id: int, trajectory_id: int, actor: Any = None, rea
     """Move one run out of its cluster into a cluster of its own: not a duplicate of anything.
 
     Both clusters become `manual`, so automatic dedup never undoes the curator. If the run was the
-    canonical, the earliest remaining run becomes the canonical. Returns the run's new cluster.
+    canonical, the rule (experience.dedup.canonical) picks the new one among the rest. Returns the run's
+    new cluster.
     """
     with transaction.atomic():
         cluster = DedupCluster.objects.select_for_update().filter(pk=cluster_id).first()
@@ -559,12 +752,13 @@ def cluster_split(*, cluster_id: int, trajectory_id: int, actor: Any = None, rea
         if trajectory_id not in members:
             raise ValidationError(f"trajectory: run {trajectory_id} is not in cluster {cluster_id}", field="trajectory")
         alone = DedupCluster.objects.create(task_key=members[trajectory_id].task_key, method=DedupCluster.Method.MANUAL,
-                                            canonical_id=trajectory_id, size=1)
+                                            canonical_id=trajectory_id, size=1, canonical_rule=CANONICAL_RULE_VERSION)
         rest = [t for pk, t in members.items() if pk != trajectory_id]
         plans = {trajectory_id: dict(cluster_id=alone.pk, canonical_id=None, is_duplicate=False, similarity=None)}
-        plans.update(_canonical_plan(rest, cluster.pk, _keep_canonical(cluster, rest)))
+        kept = cluster.canonical_id if cluster.canonical_id != trajectory_id else None
+        derivation = _curated_plan(rest, cluster.pk, kept, plans)
         _apply_plans(members, plans, action="split", actor=actor, reason=reason)
-        _finish_cluster(cluster)
+        _finish_cluster(cluster, derivation)
     return alone
 
 
@@ -572,8 +766,9 @@ def cluster_merge(*, cluster_id: int, other_cluster_id: int, canonical_id: int |
                   reason: str = "") -> DedupCluster:
     """Join two clusters into one with `canonical_id` (a run of either; default: the first's canonical).
 
-    The merged cluster is `manual`; the emptied one is deleted (its runs are not). Similarities are
-    recomputed to the chosen canonical from the stored embeddings.
+    The merged cluster is `manual`; the emptied one is deleted (its runs are not). Runs whose outcome
+    differs from the canonical's are not its duplicates: each outcome keeps a representative (the rule).
+    Similarities are recomputed from the stored embeddings.
     """
     if cluster_id == other_cluster_id:
         raise ValidationError("other: a cluster cannot be merged with itself", field="other")
@@ -589,40 +784,24 @@ def cluster_merge(*, cluster_id: int, other_cluster_id: int, canonical_id: int |
         target_id = members[canonical_id].cluster_id or cluster_id
         target = clusters[target_id]
         other = clusters[other_cluster_id if target_id == cluster_id else cluster_id]
-        plans = _canonical_plan(list(members.values()), target.pk, canonical_id)
+        plans: dict[int, dict[str, Any]] = {}
+        derivation = _curated_plan(list(members.values()), target.pk, canonical_id, plans)
         _apply_plans(members, plans, action="merge", actor=actor, reason=reason)
         other.delete()
-        _finish_cluster(target)
+        _finish_cluster(target, derivation)
     return target
 
 
-def _keep_canonical(cluster: DedupCluster, rest: list[Trajectory]) -> int | None:
-    ids = {t.pk for t in rest}
-    if cluster.canonical_id in ids:
-        return cluster.canonical_id
-    return min(ids) if ids else None
-
-
-def _canonical_plan(members: list[Trajectory], cluster_id: int, canonical_id: int | None) -> dict[int, dict[str, Any]]:
-    if canonical_id is None:
-        return {}
-    similarity = _similarities(canonical_id, [t.pk for t in members])
-    return {
-        t.pk: dict(cluster_id=cluster_id, canonical_id=None if t.pk == canonical_id else canonical_id,
-                   is_duplicate=t.pk != canonical_id, similarity=1.0 if t.pk == canonical_id else similarity.get(t.pk))
-        for t in members
-    }
-
-
-def _similarities(canonical_id: int, trajectory_ids: list[int]) -> dict[int, float]:
-    """Cosine of each run to the canonical, from stored vectors of the default embedder (when both have one)."""
-    key = embedder_key(dedup_embedder())
-    rows = dict(TrajectoryEmbedding.objects.filter(trajectory_id__in=[*trajectory_ids, canonical_id], embedder=key)
-                .values_list("trajectory_id", "vector"))
-    if canonical_id not in rows:
-        return {}
-    anchor = _vector(rows[canonical_id])
-    return {pk: round(float(np.dot(anchor, _vector(raw))), 6) for pk, raw in rows.items()}
+def _curated_plan(members: list[Trajectory], cluster_id: int, canonical_id: int | None,
+                  plans: dict[int, dict[str, Any]]) -> Derivation | None:
+    """Add the members' states under a curator's canonical (None: the rule's) to `plans`."""
+    if not members:
+        return None
+    candidates = [_candidate(t.pk, {name: getattr(t, name) for name in _OUTCOME}) for t in members]
+    derivation = derive(candidates, pinned=canonical_id)
+    ids = [t.pk for t in members]
+    plans.update(_marks(cluster_id, derivation, ids, _vectors(ids, embedder_key(dedup_embedder()))))
+    return derivation
 
 
 def _apply_plans(members: Mapping[int, Trajectory], plans: Mapping[int, dict[str, Any]], *, action: str, actor: Any,
@@ -640,9 +819,11 @@ def _apply_plans(members: Mapping[int, Trajectory], plans: Mapping[int, dict[str
     CurationEvent.objects.bulk_create(events)
 
 
-def _finish_cluster(cluster: DedupCluster) -> None:
-    canonical = Trajectory.objects.filter(cluster=cluster, is_duplicate=False).order_by("id").first()
-    cluster.canonical = canonical
+def _finish_cluster(cluster: DedupCluster, derivation: Derivation | None) -> None:
     cluster.method = DedupCluster.Method.MANUAL
-    cluster.size = Trajectory.objects.filter(cluster=cluster).count()
-    cluster.save(update_fields=["canonical", "method", "size", "updated_at"])
+    size = Trajectory.objects.filter(cluster=cluster).count()
+    if derivation is None:
+        cluster.canonical, cluster.size = None, size
+        cluster.save(update_fields=["canonical", "method", "size", "updated_at"])
+        return
+    _settle(cluster, derivation, size)

@@ -105,8 +105,15 @@ def test_a_curator_merges_two_clusters_and_picks_the_canonical(runs, curator):
     merged = DedupCluster.objects.get(pk=small)
     assert response["Location"] == f"/clusters/{small}/" and not DedupCluster.objects.filter(pk=big).exists()
     assert merged.canonical_id == twin_b and merged.size == 10 and merged.method == "manual"
-    assert set(Trajectory.objects.filter(cluster=merged, is_duplicate=False).values_list("pk", flat=True)) == {twin_b}
-    assert CurationEvent.objects.filter(action="merge", reason="same").count() == 10  # every run changed canonical
+    # Three outcomes (the twins failed and succeeded, the marshmallow runs have none): each keeps a run.
+    representatives = {twin_b, twin_a, marshmallow[0]}
+    assert set(Trajectory.objects.filter(cluster=merged, is_duplicate=False).values_list("pk", flat=True)) == (
+        representatives)
+    assert merged.mixed_outcomes
+    assert set(Trajectory.objects.filter(cluster=merged, is_duplicate=True).values_list("canonical_id", flat=True)) == {
+        marshmallow[0]}
+    # every marshmallow run changed cluster; the twins' states (already together) did not change
+    assert CurationEvent.objects.filter(action="merge", reason="same").count() == 8
 
 
 def test_a_researcher_cannot_split_or_merge(runs, researcher):
