@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from experience.errors import NotFound, ValidationError
 from experience.models import CurationEvent, Trajectory
+from experience.services.dedup import dedup_outcomes_changed
 
 ACTIONS = ("approve", "reject", "reset", "tag", "untag", "note", "mark_duplicate", "unmark_duplicate")
 SET_OUTCOME = "set_outcome"
@@ -94,6 +95,8 @@ def trajectories_curate(
         changes = _plan(action, rows, tags=cleaned, note=note.strip(), canonical_id=canonical_id)
         _apply(action, changes, note=note.strip(), canonical_id=canonical_id)
         _record(action, changes, actor=actor, reason=reason)
+        if action in _STATUS_OF:  # the canonical rule prefers approved runs (experience.dedup.canonical)
+            dedup_outcomes_changed(trajectory_ids=[c.trajectory_id for c in changes])
     return CurationResult(action=action, matched=len(rows), changed=len(changes))
 
 
@@ -255,6 +258,8 @@ def trajectories_outcome_set(
                 changes.append(_Change(pk, {n: old[n] for n in changed}, {n: values[n] for n in changed}))
         _update([c.trajectory_id for c in changes], **values, updated_at=timezone.now())
         _record(SET_OUTCOME, changes, actor=actor, reason=reason.strip())
+        # Their clusters' canonicals and duplicate marks follow the new outcomes (after the commit).
+        dedup_outcomes_changed(trajectory_ids=[c.trajectory_id for c in changes])
     return CurationResult(action=SET_OUTCOME, matched=len(rows), changed=len(changes))
 
 
