@@ -57,6 +57,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    "webapp.api.limits.BodySizeLimitMiddleware",  # before anything reads a body (TROVE_MAX_BODY_BYTES)
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -209,6 +210,7 @@ TROVE_INDEX_DIR = Path(env_str("TROVE_INDEX_DIR") or VAR_DIR / "index")
 TROVE_DEDUP_EMBEDDER = env_choice("TROVE_DEDUP_EMBEDDER", "lexical", ("lexical", "minilm"))  # dedup README
 DATA_UPLOAD_MAX_MEMORY_SIZE = TROVE_MAX_BODY_BYTES
 
+# The largest request body, uploads included, for the API and the dashboard alike (webapp/api/limits.py).
 # --- REST API ---------------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -230,6 +232,12 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "Trove API",
     "VERSION": "0.1.0",
+    # DRF's JSON parser with the importers' nesting limit: a deeply nested body is a 400, not a RecursionError.
+    "DEFAULT_PARSER_CLASSES": [
+        "webapp.api.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "SERVE_INCLUDE_SCHEMA": False,
     # Swagger UI assets are served from the installed sidecar package, never a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
@@ -239,6 +247,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "JobStatusEnum": "webapp.rollouts.models.RolloutJob.Status",
         "RolloutStatusEnum": "webapp.rollouts.models.Rollout.Status",
+    # The schema maps every endpoint: signed-in people and tokens only (the docs page also needs a session).
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
         "FleetStatusEnum": "webapp.fleets.models.Fleet.Status",
     },
 }

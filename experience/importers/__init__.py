@@ -93,7 +93,7 @@ def _json_problem(path: Path) -> str | None:
         return None
     except ImportFormatError as whole:
         if first_json_line(read_head(path)) is None:
-            return f"it is not valid JSON: {whole.problem}"
+            return f"it cannot be read as JSON: {whole.problem}"
     try:
         for _ in iter_jsonl(path):
             pass

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from experience.importers.errors import ImportFormatError, ImportValidationError
+from experience.importers.limits import JsonTooDeep, loads_json
 from experience.records import MessageRecord, StepRecord
 
 HEAD_BYTES = 1 << 20  # detection reads at most this much of a file
@@ -82,8 +83,8 @@ def first_line(head: bytes) -> bytes:
 def first_json_line(head: bytes) -> Any:
     """The first line of `head` parsed as JSON, or None when it is not complete JSON (too long, not JSON)."""
     try:
-        return json.loads(first_line(head))
-    except ValueError:
+        return loads_json(first_line(head))
+    except ValueError:  # JsonTooDeep too: the parse that follows detection names it
         return None
 
 
@@ -95,7 +96,9 @@ def load_json_document(path: Path) -> Any:
 
 def parse_json_bytes(data: bytes, loc: Location) -> Any:
     try:
-        return json.loads(data)
+        return loads_json(data)
+    except JsonTooDeep as exc:
+        raise loc.malformed(f"{exc} (refused: the limit guards the importer)") from None
     except UnicodeDecodeError as exc:
         raise loc.malformed(f"not UTF-8 text at byte {exc.start} (corrupted file?)") from None
     except json.JSONDecodeError as exc:
@@ -115,7 +118,9 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
                 continue
             ends_file = not raw.endswith(b"\n")
             try:
-                yield number, json.loads(raw)
+                yield number, loads_json(raw)
+            except JsonTooDeep as exc:
+                raise ImportFormatError(path, f"{exc} (refused: the limit guards the importer)", line=number) from None
             except UnicodeDecodeError:
                 raise ImportFormatError(path, "not UTF-8 text (corrupted file?)", line=number) from None
             except json.JSONDecodeError as exc:
@@ -335,8 +340,8 @@ def tool_call_parts(call: dict[str, Any]) -> tuple[str | None, str, Any]:
     arguments = function.get("arguments")
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
-        except ValueError:
+            arguments = loads_json(arguments)
+        except ValueError:  # not JSON, or too deep to walk: the arguments stay text
             pass
     return call.get("id"), str(function.get("name") or ""), arguments
 

@@ -47,6 +47,7 @@ from experience.importers.base import (
 )
 from experience.importers.chat import steps_from_chat
 from experience.importers.errors import ImportFormatError
+from experience.importers.limits import ArchiveBudget, LimitBreached, read_member
 from experience.records import StepRecord, TrajectoryRecord
 
 FORMAT = "inspect"
@@ -97,8 +98,11 @@ def _parse_json_log(path: Path) -> Iterator[TrajectoryRecord]:
 
 
 def _parse_eval_zip(path: Path) -> Iterator[TrajectoryRecord]:
-    """Reads one sample file at a time, so a log with thousands of samples is never held whole."""
+    """Reads one sample file at a time, so a log with thousands of samples is never held whole; every member
+    is read within the archive limits of experience.importers.limits (a zip bomb stops at its first chunk
+    over them)."""
     loc = Location(path)
+    budget = ArchiveBudget(archive_bytes=path.stat().st_size)
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
@@ -107,13 +111,14 @@ def _parse_eval_zip(path: Path) -> Iterator[TrajectoryRecord]:
                 raise loc.malformed(
                     "no header.json or _journal/start.json in the archive (not an Inspect .eval log?)"
                 )
-            header = _header(_member_json(archive, header_name, loc), loc)
+            header = _header(_member_json(archive, header_name, loc, budget), loc)
             samples = sorted(
                 (n for n in names if n.startswith("samples/") and n.endswith(".json")), key=_sample_order
             )
             for index, member in enumerate(samples):
                 sample_loc = Location(path, record=index)
-                yield _record(header, _member_json(archive, member, sample_loc), sample_loc, f"{member}: ")
+                sample = _member_json(archive, member, sample_loc, budget)
+                yield _record(header, sample, sample_loc, f"{member}: ")
     except zipfile.BadZipFile as exc:
         raise loc.malformed(
             f"not a readable zip archive ({exc}): truncated or corrupted .eval log?"
@@ -122,9 +127,11 @@ def _parse_eval_zip(path: Path) -> Iterator[TrajectoryRecord]:
         raise loc.malformed(f"archive member cannot be decompressed ({exc}): corrupted .eval log?") from None
 
 
-def _member_json(archive: zipfile.ZipFile, member: str, loc: Location) -> Any:
+def _member_json(archive: zipfile.ZipFile, member: str, loc: Location, budget: ArchiveBudget) -> Any:
     try:
-        data = archive.read(member)
+        data = read_member(archive, archive.getinfo(member), budget)
+    except LimitBreached as exc:
+        raise ImportFormatError(loc.path, str(exc), record=loc.record) from None
     except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
         raise ImportFormatError(
             loc.path, f"{member}: cannot be read from the archive ({exc}): corrupted?", record=loc.record

@@ -15,7 +15,6 @@ SWE-agent reports tokens and cost only per run: they go to metadata["usage"] and
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +36,7 @@ from experience.importers.base import (
     seconds_to_ms,
     text_or_empty,
 )
+from experience.importers.limits import loads_json
 from experience.records import MessageRecord, StepRecord, TrajectoryRecord
 
 FORMAT = "swe_agent"
@@ -107,7 +107,7 @@ def _replay_config(doc: dict[str, Any]) -> dict[str, Any]:
     replay = doc.get("replay_config")
     if isinstance(replay, str):  # some SWE-agent versions store it as JSON text
         try:
-            replay = json.loads(replay)
+            replay = loads_json(replay)
         except ValueError:
             return {}
     return as_dict(replay)
@@ -202,7 +202,7 @@ def _command(entry: dict[str, Any], index: int) -> StepRecord:
 def _state(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = loads_json(value)
         except ValueError:
             return {"raw": value}
     return as_dict(value)

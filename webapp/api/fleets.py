@@ -17,6 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from webapp.api.paging import cursor_page
+from webapp.api.ranges import CPU_MAX, ID_MAX, INT_MAX
 from webapp.fleets import selectors, services
 from webapp.fleets.models import EnvironmentTemplate, Fleet, Sandbox, SandboxEvent
 
@@ -44,15 +45,15 @@ class TemplateInputSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
     image = serializers.CharField(max_length=300, required=False, allow_blank=True)
     rootfs = serializers.CharField(max_length=300, required=False, allow_blank=True)
-    cpu = serializers.FloatField(min_value=0.001, required=False)
-    memory_mb = serializers.IntegerField(min_value=1, required=False)
-    pids = serializers.IntegerField(min_value=1, required=False)
-    disk_mb = serializers.IntegerField(min_value=1, required=False)
+    cpu = serializers.FloatField(min_value=0.001, max_value=CPU_MAX, required=False)
+    memory_mb = serializers.IntegerField(min_value=1, max_value=INT_MAX, required=False)
+    pids = serializers.IntegerField(min_value=1, max_value=INT_MAX, required=False)
+    disk_mb = serializers.IntegerField(min_value=1, max_value=INT_MAX, required=False)
     network = serializers.ChoiceField(choices=EnvironmentTemplate.Network.choices, required=False)
     allow_list = serializers.ListField(child=serializers.CharField(), required=False)
     setup_commands = serializers.ListField(child=serializers.CharField(), required=False)
-    max_lifetime_s = serializers.IntegerField(min_value=1, required=False)
-    idle_timeout_s = serializers.IntegerField(min_value=1, required=False)
+    max_lifetime_s = serializers.IntegerField(min_value=1, max_value=INT_MAX, required=False)
+    idle_timeout_s = serializers.IntegerField(min_value=1, max_value=INT_MAX, required=False)
     reusable = serializers.BooleanField(required=False)
 
 
@@ -74,17 +75,17 @@ class FleetSerializer(serializers.ModelSerializer):
 
 class FleetInputSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100)
-    template = serializers.IntegerField(required=False, help_text="a template id")
+    template = serializers.IntegerField(min_value=1, max_value=ID_MAX, required=False, help_text="a template id")
     template_name = serializers.CharField(required=False, help_text="or a template name: its newest version")
     backend = serializers.ChoiceField(choices=Fleet.Backend.choices, default=Fleet.Backend.LOCAL)
-    min_warm = serializers.IntegerField(min_value=0, default=0)
-    max_warm = serializers.IntegerField(min_value=0, default=4)
-    max_total = serializers.IntegerField(min_value=0, default=16)
-    refill_per_minute = serializers.IntegerField(min_value=1, default=120)
+    min_warm = serializers.IntegerField(min_value=0, max_value=INT_MAX, default=0)
+    max_warm = serializers.IntegerField(min_value=0, max_value=INT_MAX, default=4)
+    max_total = serializers.IntegerField(min_value=0, max_value=INT_MAX, default=16)
+    refill_per_minute = serializers.IntegerField(min_value=1, max_value=INT_MAX, default=120)
     sizing = serializers.ChoiceField(choices=Fleet.Sizing.choices, default=Fleet.Sizing.BACKLOG)
     miss_policy = serializers.ChoiceField(choices=Fleet.MissPolicy.choices, default=Fleet.MissPolicy.COLD)
-    miss_wait_ms = serializers.IntegerField(min_value=0, default=2000)
-    provision_timeout_s = serializers.IntegerField(min_value=1, default=120)
+    miss_wait_ms = serializers.IntegerField(min_value=0, max_value=INT_MAX, default=2000)
+    provision_timeout_s = serializers.IntegerField(min_value=1, max_value=INT_MAX, default=120)
 
     def validate(self, attrs):
         if ("template" in attrs) == ("template_name" in attrs):
@@ -93,14 +94,14 @@ class FleetInputSerializer(serializers.Serializer):
 
 
 class FleetScaleSerializer(serializers.Serializer):
-    min_warm = serializers.IntegerField(min_value=0, required=False)
-    max_warm = serializers.IntegerField(min_value=0, required=False)
-    max_total = serializers.IntegerField(min_value=0, required=False)
-    refill_per_minute = serializers.IntegerField(min_value=1, required=False)
+    min_warm = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False)
+    max_warm = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False)
+    max_total = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False)
+    refill_per_minute = serializers.IntegerField(min_value=1, max_value=INT_MAX, required=False)
 
 
 class FleetTemplateSerializer(serializers.Serializer):
-    template = serializers.IntegerField(help_text="the template id (any version) to move the fleet to")
+    template = serializers.IntegerField(min_value=1, max_value=ID_MAX, help_text="the template id (any version) to move the fleet to")
 
 
 class EventSerializer(serializers.ModelSerializer):
@@ -152,7 +153,7 @@ class SandboxDetailSerializer(SandboxSerializer):
 
 
 class SandboxQuerySerializer(serializers.Serializer):
-    fleet = serializers.IntegerField(required=False, help_text="a fleet id")
+    fleet = serializers.IntegerField(min_value=1, max_value=ID_MAX, required=False, help_text="a fleet id")
     state = serializers.CharField(required=False, help_text="one state, or several separated by commas")
     holder = serializers.CharField(required=False, help_text="lease holder contains this")
     live = serializers.BooleanField(required=False, default=False, help_text="leave out terminated sandboxes")
@@ -166,7 +167,7 @@ class SandboxQuerySerializer(serializers.Serializer):
 
 
 class EventQuerySerializer(serializers.Serializer):
-    before = serializers.IntegerField(min_value=1, required=False)
+    before = serializers.IntegerField(min_value=1, max_value=ID_MAX, required=False)
     limit = serializers.IntegerField(min_value=1, max_value=500, default=selectors.EVENTS_PAGE)
 
 

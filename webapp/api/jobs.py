@@ -11,13 +11,15 @@ from django.urls import path, reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.pagination import CursorPagination
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from experience.errors import Conflict
 from webapp.api.paging import cursor_page
+from webapp.api.parsers import BoundedJSONParser
+from webapp.api.ranges import INT_MAX
 from webapp.dashboard.live import JobLiveApi
 from webapp.rollouts import selectors, services
 from webapp.rollouts.models import Rollout, RolloutJob, TaskSet
@@ -42,12 +44,12 @@ class JobSubmitSerializer(serializers.Serializer):
     api_key_ref = serializers.CharField(max_length=200, required=False, default="", allow_blank=True,
                                         help_text="where the key lives: env:NAME or file:/path (never the key)")
     samples_per_task = serializers.IntegerField(min_value=1, max_value=10_000, default=1)
-    max_steps = serializers.IntegerField(min_value=1, required=False)
-    max_tokens = serializers.IntegerField(min_value=1, required=False, allow_null=True)
-    wall_time_s = serializers.IntegerField(min_value=1, required=False)
-    concurrency = serializers.IntegerField(min_value=1, required=False)
+    max_steps = serializers.IntegerField(min_value=1, max_value=INT_MAX, required=False)
+    max_tokens = serializers.IntegerField(min_value=1, max_value=INT_MAX, required=False, allow_null=True)
+    wall_time_s = serializers.IntegerField(min_value=1, max_value=INT_MAX, required=False)
+    concurrency = serializers.IntegerField(min_value=1, max_value=INT_MAX, required=False)
     sampling = serializers.ChoiceField(choices=RolloutJob.Sampling.choices, default=RolloutJob.Sampling.UNIFORM)
-    adaptive_first_round = serializers.IntegerField(min_value=1, required=False)
+    adaptive_first_round = serializers.IntegerField(min_value=1, max_value=INT_MAX, required=False)
 
     def validate(self, attrs):
         for field in SECRET_FIELDS:
@@ -159,7 +161,7 @@ class RolloutPageSerializer(serializers.Serializer):
 
 
 class RolloutPageQuerySerializer(serializers.Serializer):
-    after = serializers.IntegerField(min_value=0, default=0, help_text="a cursor from an earlier page (0: from the start)")
+    after = serializers.IntegerField(min_value=0, max_value=INT_MAX, default=0, help_text="a cursor from an earlier page (0: from the start)")
     limit = serializers.IntegerField(min_value=1, max_value=MAX_PAGE, default=DEFAULT_PAGE)
 
 
@@ -293,7 +295,7 @@ class RolloutCancelApi(APIView):
 
 class TaskSetListApi(APIView):
     scope_area = "jobs"
-    parser_classes = [MultiPartParser, FormParser, JSONParser]
+    parser_classes = [MultiPartParser, FormParser, BoundedJSONParser]
 
     @extend_schema(responses=TaskSetSerializer(many=True), operation_id="task_sets_list")
     def get(self, request: Request) -> Response:

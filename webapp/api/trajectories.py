@@ -29,7 +29,6 @@ from datetime import datetime
 from typing import Any
 
 import django_filters
-from django.conf import settings
 from django.http import StreamingHttpResponse
 from django.urls import path, reverse
 from drf_spectacular.types import OpenApiTypes
@@ -38,12 +37,12 @@ from rest_framework import generics, serializers, status
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.pagination import CursorPagination
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from experience.errors import LimitExceeded, ValidationError
+from experience.errors import ValidationError
 from experience.exporters.trove_jsonl import MARKER_KEY, step_to_dict
 from experience.models import Step, Trajectory
 from experience.records import MessageRecord, StepRecord, TrajectoryRecord
@@ -68,6 +67,9 @@ from experience.services.importing import (
 from experience.services.ingest import steps_append, trajectories_ingest_many
 from experience.services.stored import stored_step_records
 from experience.steps import context_length
+from webapp.api.limits import check_body_size
+from webapp.api.parsers import BoundedJSONParser
+from webapp.api.ranges import ID_MAX, INT_MAX
 
 STEP_PAGE, MAX_STEP_PAGE = 100, 1000
 CURATE_PERMISSION = "experience.change_trajectory"
@@ -140,16 +142,6 @@ def _message(value: Any, where: str) -> MessageRecord:
     return MessageRecord(**values)
 
 
-def _check_body_size(request: Request) -> None:
-    limit = settings.TROVE_MAX_BODY_BYTES
-    try:
-        size = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        size = 0
-    if size > limit:
-        raise LimitExceeded(f"body: {size} bytes exceeds the limit of {limit}", field="body")
-
-
 # --- serializers ---------------------------------------------------------------------------------------------
 
 
@@ -212,11 +204,11 @@ class IngestOutcomeSerializer(serializers.Serializer):
 
 class StepsAppendSerializer(serializers.Serializer):
     steps = serializers.ListField(child=serializers.DictField())
-    first_seq = serializers.IntegerField(min_value=0, required=False, allow_null=True, default=None)
+    first_seq = serializers.IntegerField(min_value=0, max_value=INT_MAX, required=False, allow_null=True, default=None)
 
 
 class StepsQuerySerializer(serializers.Serializer):
-    after = serializers.IntegerField(min_value=-1, default=-1, help_text="the last seq you have (-1: from the start)")
+    after = serializers.IntegerField(min_value=-1, max_value=INT_MAX, default=-1, help_text="the last seq you have (-1: from the start)")
     limit = serializers.IntegerField(min_value=1, max_value=MAX_STEP_PAGE, default=STEP_PAGE)
     context = serializers.BooleanField(  # type: ignore[assignment]  # a field named like Serializer.context
         default=False, help_text="include the messages each model call saw")
@@ -235,13 +227,13 @@ class ImportInputSerializer(serializers.Serializer):
 
 
 class CurateInputSerializer(serializers.Serializer):
-    ids = serializers.ListField(child=serializers.IntegerField(), required=False, allow_empty=False)
+    ids = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=ID_MAX), required=False, allow_empty=False)
     filter = serializers.DictField(required=False, help_text="search filters, as for the list endpoint")
     action = serializers.ChoiceField(choices=ACTIONS)
     reason = serializers.CharField(required=False, default="", allow_blank=True)
     tags = serializers.ListField(child=serializers.CharField(), required=False, default=list)
     note = serializers.CharField(required=False, default="", allow_blank=True)
-    canonical = serializers.IntegerField(required=False, allow_null=True, default=None)
+    canonical = serializers.IntegerField(min_value=1, max_value=ID_MAX, required=False, allow_null=True, default=None)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("ids" in attrs) == ("filter" in attrs):
@@ -319,7 +311,7 @@ class TrajectoryListApi(generics.ListAPIView):
     filterset_class = TrajectoryFilterSet
     pagination_class = TrajectoryPagination
     queryset = Trajectory.objects.all()
-    parser_classes = [JSONParser]
+    parser_classes = [BoundedJSONParser]
 
     @extend_schema(operation_id="trajectories_search")
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -337,7 +329,7 @@ class TrajectoryListApi(generics.ListAPIView):
                    operation_id="trajectories_ingest")
     def post(self, request: Request) -> Response:
         """Store whole runs; all or nothing. 201 when a run was created, 200 when all were already stored."""
-        _check_body_size(request)
+        check_body_size(request)
         body = request.data
         if isinstance(body, dict) and "trajectories" in body:
             runs = body["trajectories"]
@@ -382,7 +374,7 @@ class TrajectoryDetailApi(APIView):
 
 class TrajectoryStepsApi(APIView):
     scope_area = "trajectories"
-    parser_classes = [JSONParser]
+    parser_classes = [BoundedJSONParser]
 
     @extend_schema(parameters=[StepsQuerySerializer], responses=OpenApiTypes.OBJECT, operation_id="trajectories_steps")
     def get(self, request: Request, trajectory_id: int) -> Response:
@@ -398,7 +390,7 @@ class TrajectoryStepsApi(APIView):
     @extend_schema(request=StepsAppendSerializer, responses=OpenApiTypes.OBJECT, operation_id="trajectories_append")
     def post(self, request: Request, trajectory_id: int) -> Response:
         """Append steps to a stored run (idempotent on call ids, and on seq with `first_seq`)."""
-        _check_body_size(request)
+        check_body_size(request)
         given = StepsAppendSerializer(data=request.data)
         given.is_valid(raise_exception=True)
         records = [step_from_json(s, f"steps[{i}].") for i, s in enumerate(given.validated_data["steps"])]
@@ -418,7 +410,7 @@ class TrajectoryImportApi(APIView):
 
         201 when runs were imported, 200 when everything was already stored, 400 when no file could be read.
         """
-        _check_body_size(request)
+        check_body_size(request)
         given = ImportInputSerializer(data={"file": request.FILES.getlist("file"), **_single(request.data, "format")})
         given.is_valid(raise_exception=True)
         report = ImportReport(files=[
@@ -458,7 +450,7 @@ class TrajectoryExportApi(APIView):
 class TrajectoryCurateApi(APIView):
     scope_area = "trajectories"
     required_scopes = {"POST": "trajectories:curate"}
-    parser_classes = [JSONParser]
+    parser_classes = [BoundedJSONParser]
 
     @extend_schema(request=CurateInputSerializer, responses=CurationResultSerializer, operation_id="trajectories_curate")
     def post(self, request: Request) -> Response:

@@ -17,6 +17,7 @@ from django.views.decorators.http import require_POST
 
 from experience.errors import NotFound, TroveError
 from experience.services.dedup import cluster_get, cluster_list, cluster_members, cluster_merge, cluster_split
+from webapp.api.ranges import ID_MAX
 from webapp.api.trajectories import CURATE_PERMISSION
 from webapp.dashboard.forms import form_errors
 
@@ -24,13 +25,13 @@ SIDE_BY_SIDE = 12  # members drawn as columns; more would not fit a screen
 
 
 class SplitForm(forms.Form):
-    trajectory = forms.IntegerField(min_value=1)
+    trajectory = forms.IntegerField(min_value=1, max_value=ID_MAX)
     reason = forms.CharField(max_length=2000, required=False)
 
 
 class MergeForm(forms.Form):
-    other = forms.IntegerField(min_value=1, label="other cluster")
-    canonical = forms.IntegerField(min_value=1, required=False, help_text="a run of either cluster")
+    other = forms.IntegerField(min_value=1, max_value=ID_MAX, label="other cluster")
+    canonical = forms.IntegerField(min_value=1, max_value=ID_MAX, required=False, help_text="a run of either cluster")
     reason = forms.CharField(max_length=2000, required=False)
 
 

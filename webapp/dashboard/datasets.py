@@ -22,6 +22,7 @@ from experience.distill.splits import split_for_task
 from experience.errors import NotFound, TroveError
 from experience.models import DatasetVersion, Trajectory
 from experience.services import datasets
+from webapp.api.ranges import INT_MAX
 
 BUILD_TASK = "trove.datasets.build"
 CHART_TASKS = 40  # the balance chart shows the largest tasks; the rest are summed up in one line
@@ -56,8 +57,8 @@ class DatasetForm(forms.Form):
                                          widget=forms.CheckboxSelectMultiple)
     created_after = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
     created_before = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
-    gamma = forms.FloatField(initial=0.95)
-    context_budget_tokens = forms.IntegerField(initial=8192, min_value=1)
+    gamma = forms.FloatField(initial=0.95, min_value=0, max_value=1)
+    context_budget_tokens = forms.IntegerField(initial=8192, min_value=1, max_value=INT_MAX)
     neg_pos_ratio = forms.FloatField(required=False, min_value=0, help_text="blank: keep every failed run")
     train = forms.FloatField(initial=DEFAULT_SPLITS["train"], min_value=0, max_value=1)
     val = forms.FloatField(initial=DEFAULT_SPLITS["val"], min_value=0, max_value=1)
@@ -66,8 +67,8 @@ class DatasetForm(forms.Form):
     include_duplicates = forms.BooleanField(required=False)
     include_rejected = forms.BooleanField(required=False)
     sft_mode = forms.ChoiceField(choices=[(m, m) for m in SFT_MODES])
-    max_pairs_per_task = forms.IntegerField(initial=8, min_value=1)
-    seed = forms.IntegerField(initial=0, min_value=0)  # fmt: skip
+    max_pairs_per_task = forms.IntegerField(initial=8, min_value=1, max_value=INT_MAX)
+    seed = forms.IntegerField(initial=0, min_value=0, max_value=INT_MAX)  # fmt: skip
 
     FILTERS = ("task_sets", "task_keys", "models", "harnesses", "sources", "tags", "outcome", "curation",
                "created_after", "created_before")  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
@@ -30,6 +31,7 @@ from experience.search import (
 )
 from experience.services.curation import ACTIONS, trajectories_curate
 from experience.services.importing import ImportReport, trajectories_import_upload
+from webapp.api.ranges import ID_MAX
 from webapp.api.trajectories import CURATE_PERMISSION
 from webapp.dashboard.forms import form_errors
 
@@ -89,7 +91,7 @@ class CurateForm(forms.Form):
     curate_tags = forms.CharField(required=False, help_text="comma-separated")
     note = forms.CharField(required=False)
     reason = forms.CharField(required=False)
-    canonical = forms.IntegerField(required=False, min_value=1)
+    canonical = forms.IntegerField(required=False, min_value=1, max_value=ID_MAX)
 
 
 @login_required
@@ -148,5 +150,7 @@ def trajectory_import(request: HttpRequest) -> HttpResponse:
                 trajectories_import_upload(filename=u.name or "upload", chunks=u.chunks(), format=fmt) for u in uploads
             ])
             status = 200 if report.imported or report.present else 400
-    return render(request, "dashboard/trajectory_import.html",
-                  {"form": form, "report": report, "explorer_url": reverse("dashboard:explorer")}, status=status)
+    # An upload over TROVE_MAX_BODY_BYTES never gets here: webapp.api.limits refuses it unread.
+    return render(request, "dashboard/trajectory_import.html", {
+        "form": form, "report": report, "explorer_url": reverse("dashboard:explorer"),
+        "max_upload_bytes": settings.TROVE_MAX_BODY_BYTES}, status=status)

@@ -12,6 +12,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from experience.errors import NotFound, TroveError
+from webapp.api.ranges import INT_MAX
 from webapp.dashboard.forms import form_errors
 from webapp.fleets import selectors, services
 from webapp.fleets.models import EnvironmentTemplate, Fleet
@@ -39,18 +40,18 @@ class FleetCreateForm(TemplateChoiceForm):
     field_order = ["name", "template"]
     name = forms.CharField(max_length=100)
     backend = forms.ChoiceField(choices=Fleet.Backend.choices)
-    min_warm = forms.IntegerField(min_value=0, initial=0)
-    max_warm = forms.IntegerField(min_value=0, initial=4)
-    max_total = forms.IntegerField(min_value=0, initial=16)
+    min_warm = forms.IntegerField(min_value=0, max_value=INT_MAX, initial=0)
+    max_warm = forms.IntegerField(min_value=0, max_value=INT_MAX, initial=4)
+    max_total = forms.IntegerField(min_value=0, max_value=INT_MAX, initial=16)
     sizing = forms.ChoiceField(choices=Fleet.Sizing.choices, initial=Fleet.Sizing.BACKLOG)
     miss_policy = forms.ChoiceField(choices=Fleet.MissPolicy.choices, initial=Fleet.MissPolicy.COLD)
 
 
 class FleetScaleForm(forms.Form):
-    min_warm = forms.IntegerField(min_value=0)
-    max_warm = forms.IntegerField(min_value=0)
-    max_total = forms.IntegerField(min_value=0)
-    refill_per_minute = forms.IntegerField(min_value=1)
+    min_warm = forms.IntegerField(min_value=0, max_value=INT_MAX)
+    max_warm = forms.IntegerField(min_value=0, max_value=INT_MAX)
+    max_total = forms.IntegerField(min_value=0, max_value=INT_MAX)
+    refill_per_minute = forms.IntegerField(min_value=1, max_value=INT_MAX)
 
 
 class FleetTemplateForm(TemplateChoiceForm):
