@@ -8,7 +8,8 @@ from django.contrib.auth import get_user_model
 
 from webapp.fleets import services as fleet_services
 from webapp.fleets.models import EnvironmentTemplate, Fleet
-from webapp.rollouts.models import TaskSet
+from webapp.rollouts.endpoints import endpoint_fields_clean
+from webapp.rollouts.models import ModelEndpoint, TaskSet
 from webapp.rollouts.services import taskset_upsert
 from workers.demo.tasks import load_demo_tasks
 
@@ -17,6 +18,7 @@ DEMO_FLEET = "local-demo"
 DEMO_TEMPLATE = "python-bubblewrap"
 DEMO_USER, DEMO_PASSWORD = "admin", "trove-demo"
 DEMO_MODEL_NAME = "trove-demo-stand-in"
+DEMO_ENDPOINT = "demo-model"
 
 
 def seed_demo_task_set() -> TaskSet:
@@ -27,7 +29,7 @@ def seed_demo_task_set() -> TaskSet:
             "key": data["key"], "title": data["title"], "instruction": data["instruction"],
             "difficulty": data["difficulty"], "eval_command": data["eval_command"],
             "eval_timeout_s": data["eval_timeout_s"], "setup_commands": data["setup_commands"],
-            "files": data["files"],
+            "files": data["files"], "eval_files": data["eval_files"],
         })
     return taskset_upsert(name=DEMO_TASK_SET, source="demo", tasks=tasks,
                           description="Small real Python bug-fix tasks shipped with Trove (workers/demo/tasks).")
@@ -45,6 +47,17 @@ def seed_local_fleet(*, name: str = DEMO_FLEET, min_warm: int = 2, max_warm: int
         )
     return fleet_services.fleet_create(name=name, template=template, backend="local",
                                        min_warm=min_warm, max_warm=max_warm, max_total=max_total)
+
+
+def seed_demo_endpoint(base_url: str, *, name: str = DEMO_ENDPOINT, model_name: str = DEMO_MODEL_NAME,
+                       description: str = "The offline demo model: a stand-in for a real model server.") -> ModelEndpoint:
+    """The demo model's endpoint, pointed at `base_url` (its port is chosen when it starts, so this runs each
+    time). It listens on loopback, so it is registered the one way that allows it: explicitly, by the admin
+    who runs the demo (allow_private_network). No key. Idempotent."""
+    fields = endpoint_fields_clean(name=name, base_url=base_url, protocol=ModelEndpoint.Protocol.CHAT,
+                                   model_names=[model_name], allow_private_network=True)
+    endpoint, _ = ModelEndpoint.objects.update_or_create(name=name, defaults={**fields, "description": description})
+    return endpoint
 
 
 def seed_admin() -> tuple[str, str]:

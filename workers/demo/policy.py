@@ -195,9 +195,10 @@ def _unknown_task_episode() -> Episode:
 
 
 def _test_command(task: DemoTask, rng: random.Random) -> str:
-    if " -q " in task.eval_command and rng.random() < 0.5:
-        return task.eval_command.replace(" -q ", " -v ")
-    return task.eval_command
+    # The visible tests: the hidden ones are not in the workspace until the evaluation.
+    if " -q " in task.test_command and rng.random() < 0.5:
+        return task.test_command.replace(" -q ", " -v ")
+    return task.test_command
 
 
 def _symbol(task: DemoTask, rng: random.Random) -> str:

@@ -1,8 +1,12 @@
 """The demo task set: small Python bug-fix tasks shipped as data under `workers/demo/tasks/<key>/`.
 
 Each task directory holds a tiny package, a stdlib-only unittest file and `task.json`. Everything except
-`task.json` is the task's workspace. `solution` and `decoys` in `task.json` exist only for the scripted demo
-model (`workers.demo.policy`); they are never written into a sandbox.
+`task.json` and `hidden/` is the task's workspace. `hidden/` holds the hidden evaluation tests, laid out as
+they land in the workspace (`hidden/tests/test_<key>_hidden.py` becomes `tests/test_<key>_hidden.py`): the
+evaluation copies them in after the agent has finished (Task.eval_files), so the agent can only run the
+visible tests (`test_command`), and they test the fix more thoroughly than the visible ones do: some edits
+pass the visible tests and fail the hidden ones. `solution` and `decoys` in `task.json` exist only for the
+scripted demo model (`workers.demo.policy`); they are never written into a sandbox.
 
 The data directory sits beside this module without an `__init__.py`, so `workers.demo.tasks` stays this
 module and the task packages are never importable from the host.
@@ -19,6 +23,7 @@ from pathlib import Path
 TASKS_DIR = Path(__file__).with_name("tasks")
 DIFFICULTIES = ("easy", "medium", "hard")
 _SKIPPED_PARTS = {"__pycache__", ".pytest_cache"}
+HIDDEN_DIR = "hidden"
 
 
 class DemoTaskError(ValueError):
@@ -40,10 +45,12 @@ class DemoTask:
     title: str
     instruction: str
     difficulty: str
-    eval_command: str
+    eval_command: str  # the evaluation: the visible tests and the hidden ones
+    test_command: str  # the visible tests, the command the agent is expected to run
     eval_timeout_s: float
     setup_commands: list[str]
-    files: dict[str, str]  # relative path -> text; everything in the task directory except task.json
+    files: dict[str, str]  # relative path -> text; the task directory but task.json and hidden/
+    eval_files: dict[str, str]  # hidden evaluation files: workspace path -> text (from hidden/)
     solution: list[Edit]
     decoys: list[Edit] = field(default_factory=list)
 
@@ -127,9 +134,11 @@ def _load_one(directory: Path) -> DemoTask:
             instruction=meta["instruction"],
             difficulty=meta["difficulty"],
             eval_command=meta["eval_command"],
+            test_command=meta["test_command"],
             eval_timeout_s=float(meta["eval_timeout_s"]),
             setup_commands=list(meta.get("setup_commands", [])),
-            files=_read_files(directory),
+            files=_read_files(directory, skip=HIDDEN_DIR),
+            eval_files=_read_files(directory / HIDDEN_DIR) if (directory / HIDDEN_DIR).is_dir() else {},
             solution=[Edit(**e) for e in meta["solution"]],
             decoys=[Edit(**e) for e in meta.get("decoys", [])],
         )
@@ -139,11 +148,13 @@ def _load_one(directory: Path) -> DemoTask:
     return task
 
 
-def _read_files(directory: Path) -> dict[str, str]:
+def _read_files(directory: Path, *, skip: str = "") -> dict[str, str]:
     files = {}
     for path in sorted(directory.rglob("*")):
         rel = path.relative_to(directory)
         if path.is_dir() or rel.as_posix() == "task.json" or _SKIPPED_PARTS & set(rel.parts):
+            continue
+        if skip and rel.parts[0] == skip:
             continue
         if path.suffix == ".pyc":
             continue
@@ -158,6 +169,8 @@ def _check(task: DemoTask, directory: Path) -> None:
         raise DemoTaskError(f"{task.key}: difficulty {task.difficulty!r} not in {DIFFICULTIES}")
     if not task.solution:
         raise DemoTaskError(f"{task.key}: no solution")
+    if set(task.eval_files) & set(task.files):
+        raise DemoTaskError(f"{task.key}: a hidden file is also a workspace file")
     apply_edits(task.files, task.solution)
     for decoy in task.decoys:
         # The demo policy recovers from a decoy by reverting it and then applying the solution.

@@ -1,5 +1,6 @@
 """The shipped demo tasks are real bug-fix tasks: the tests fail as shipped, pass with the solution, and
-still fail with each decoy."""
+still fail with each decoy. Each has hidden evaluation tests, which the agent never sees: they fail as
+shipped, pass with the solution, and catch a decoy that passes the visible tests."""
 
 from __future__ import annotations
 
@@ -26,14 +27,24 @@ SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHO
 
 
 def _eval(task: DemoTask, files: dict[str, str], root: Path) -> subprocess.CompletedProcess[str]:
+    """The evaluation as the rollout runner makes it: the workspace, then the hidden files copied in."""
+    return _run(task.eval_command, {**files, **task.eval_files}, root, task.eval_timeout_s)
+
+
+def _visible(task: DemoTask, files: dict[str, str], root: Path) -> subprocess.CompletedProcess[str]:
+    """The agent's own test run: the workspace as it is, without the hidden files."""
+    return _run(task.test_command, files, root, task.eval_timeout_s)
+
+
+def _run(command: str, files: dict[str, str], root: Path, timeout: float) -> subprocess.CompletedProcess[str]:
     write_files(root, files)
     return subprocess.run(
-        ["bash", "-c", task.eval_command],
+        ["bash", "-c", command],
         cwd=root,
         env=SANDBOX_ENV,
         capture_output=True,
         text=True,
-        timeout=task.eval_timeout_s,
+        timeout=timeout,
     )
 
 
@@ -52,6 +63,42 @@ def test_eval_fails_as_shipped_and_passes_with_the_solution(task, tmp_path):
     assert "FAILED" in shipped.stderr  # failing tests, not a crash before any test ran
     assert fixed.returncode == 0, fixed.stderr
     assert "OK" in fixed.stderr.splitlines()[-1]
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda t: t.key)
+def test_the_visible_tests_fail_as_shipped_and_pass_with_the_solution(task, tmp_path):
+    shipped = _visible(task, task.files, tmp_path / "shipped")
+    fixed = _visible(task, apply_edits(task.files, task.solution), tmp_path / "fixed")
+
+    assert shipped.returncode != 0 and "FAILED" in shipped.stderr
+    assert fixed.returncode == 0, fixed.stderr
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda t: t.key)
+def test_the_hidden_tests_fail_as_shipped_and_pass_with_the_solution(task, tmp_path):
+    [hidden] = task.eval_files
+    only_hidden = f"python3 -m unittest -q {hidden}"
+    shipped = _run(only_hidden, {**task.files, **task.eval_files}, tmp_path / "shipped", task.eval_timeout_s)
+    fixed = _run(only_hidden, {**apply_edits(task.files, task.solution), **task.eval_files}, tmp_path / "fixed",
+                 task.eval_timeout_s)
+
+    assert hidden.startswith("tests/") and hidden not in task.files
+    assert hidden in task.eval_command and hidden not in task.test_command
+    assert shipped.returncode != 0 and "FAILED" in shipped.stderr, shipped.stderr
+    assert fixed.returncode == 0, fixed.stderr
+    assert "Ran 0 tests" not in fixed.stderr
+
+
+@pytest.mark.parametrize("task", TASKS, ids=lambda t: t.key)
+def test_a_decoy_passes_the_visible_tests_and_fails_the_hidden_ones(task, tmp_path):
+    """An agent's own passing run no longer implies the reward: for every task one plausible wrong edit
+    passes the tests the agent can run and still fails the evaluation."""
+    overfit = []
+    for i, decoy in enumerate(task.decoys):
+        files = apply_edits(task.files, [decoy])
+        if _visible(task, files, tmp_path / f"visible{i}").returncode == 0:
+            overfit.append(_eval(task, files, tmp_path / f"eval{i}").returncode)
+    assert overfit and all(code != 0 for code in overfit)
 
 
 @pytest.mark.parametrize("task", TASKS, ids=lambda t: t.key)
@@ -80,6 +127,7 @@ def test_a_task_json_is_the_documented_schema():
         "title",
         "instruction",
         "difficulty",
+        "test_command",
         "eval_command",
         "eval_timeout_s",
         "setup_commands",
@@ -105,6 +153,7 @@ def _write_task(root: Path, name: str, **overrides) -> None:
         "instruction": "i",
         "difficulty": "easy",
         "eval_command": "true",
+        "test_command": "true",
         "eval_timeout_s": 5,
         "setup_commands": [],
         "decoys": [],
@@ -121,10 +170,14 @@ def test_the_loader_reads_a_task_directory(tmp_path):
     (tmp_path / "tiny" / "__pycache__").mkdir()
     (tmp_path / "tiny" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"\0")
 
+    (tmp_path / "tiny" / "hidden" / "tests").mkdir(parents=True)
+    (tmp_path / "tiny" / "hidden" / "tests" / "test_hidden.py").write_text("h\n")
+
     [task] = load_demo_tasks(tmp_path)
 
     assert task.key == "tiny"
     assert task.files == {"m.py": "a\n"}
+    assert task.eval_files == {"tests/test_hidden.py": "h\n"}
     assert task.solution == [Edit(path="m.py", old="a", new="b")]
 
 

@@ -47,6 +47,8 @@ def _run(task, seed, url, workspace):
         seed=seed,
         on_command=lambda cmd, *_: commands.append(cmd),
     )
+    for path, text in task.eval_files.items():  # the hidden tests reach the workspace only for the evaluation
+        execute.backend.write_file(execute.handle, path, text.encode())
     passed = execute(task.eval_command).ok  # the reward, as the rollout runner computes it after the harness
     return outcome, commands, passed
 

@@ -22,10 +22,6 @@ class QuoteFieldTest(unittest.TestCase):
         self.assertEqual(format_row(['say "hi"', "x"]), '"say ""hi""",x')
         self.assertEqual(quote_field('"'), '""""')
 
-    def test_carriage_return_forces_quotes(self):
-        self.assertEqual(quote_field("a\rb"), '"a\rb"')
-
-
 class RoundTripTest(unittest.TestCase):
     def test_stdlib_reader_reads_back_what_we_write(self):
         rows = [

@@ -7,9 +7,6 @@ class MergeTest(unittest.TestCase):
     def test_overlapping_intervals_merge(self):
         self.assertEqual(merge([(1, 3), (2, 6), (8, 10)]), [(1, 6), (8, 10)])
 
-    def test_touching_intervals_merge(self):
-        self.assertEqual(merge([(1, 2), (2, 5)]), [(1, 5)])
-
     def test_contained_interval_does_not_shrink_the_container(self):
         self.assertEqual(merge([(1, 10), (2, 3)]), [(1, 10)])
         self.assertEqual(merge([(5, 6), (1, 10), (2, 3), (11, 12)]), [(1, 10), (11, 12)])

@@ -30,11 +30,6 @@ class GetTest(unittest.TestCase):
         self.assertEqual(get(DOC, '["a.b"].c'), True)
         self.assertEqual(get(DOC, r'["say \"hi\""]'), 1)
 
-    def test_negative_indices_count_from_the_end(self):
-        self.assertEqual(get(DOC, "service.ports[-1]"), 8080)
-        self.assertEqual(get(DOC, "service.ports[-3]"), 80)
-        self.assertEqual(get(DOC, "users[-2].roles[0]"), "admin")
-
     def test_missing_paths_return_the_default(self):
         for path in (
             "service.version",

@@ -49,14 +49,6 @@ class TokenBucketTest(unittest.TestCase):
         self.assertLessEqual(allowed, 2 + 60)
         self.assertGreaterEqual(allowed, 60)
 
-    def test_wait_time(self):
-        self.bucket.allow()
-        self.bucket.allow()
-        self.assertAlmostEqual(self.bucket.wait_time(), 1.0)
-        self.clock.advance(0.25)
-        self.assertAlmostEqual(self.bucket.wait_time(), 0.75)
-        self.assertAlmostEqual(self.bucket.wait_time(), 0.75)
-
     def test_idle_time_does_not_overfill(self):
         self.clock.advance(3600)
         self.assertEqual(sum(self.bucket.allow() for _ in range(5)), 2)

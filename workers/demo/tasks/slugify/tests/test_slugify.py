@@ -18,9 +18,6 @@ class SlugifyTest(unittest.TestCase):
     def test_accents_are_folded(self):
         self.assertEqual(slugify("Crème Brûlée"), "creme-brulee")
 
-    def test_custom_separator(self):
-        self.assertEqual(slugify("Rock & Roll", separator="_"), "rock_roll")
-
     def test_max_length_does_not_leave_a_trailing_separator(self):
         self.assertEqual(slugify("hello big world", max_length=10), "hello-big")
 
