@@ -1,13 +1,23 @@
 """Trove sandbox agent: runs inside a sandbox and executes commands for the host. Stdlib only.
 
-    python3 agent.py --listen unix:/run/trove/agent.sock --secret-file - [--workspace /workspace]
-    python3 agent.py --listen tcp:0.0.0.0:7070            # secret from env TROVE_AGENT_SECRET (Kubernetes)
+    python3 agent.py --listen stdin --run-as 1000:1000 [--workspace /workspace]   # the local backend
+    python3 agent.py --listen tcp:0.0.0.0:7070 --secret-file /var/run/trove/agent/secret  # Kubernetes
 
 Options:
-    --listen unix:PATH | tcp:HOST:PORT   where to serve the wire protocol (see workers/sandboxes/base.py)
+    --listen stdin | unix:PATH | tcp:HOST:PORT
+                                         where to serve the wire protocol (see workers/sandboxes/base.py).
+                                         `stdin`: fd 0 is a Unix socket over which the host sends the secret
+                                         together with an already bound Unix socket (SCM_RIGHTS) to listen
+                                         on; its file lives in a host directory the sandbox never sees, so
+                                         nothing inside can replace it or plant a symlink in its place
     --secret-file PATH                   read the per-sandbox secret from PATH (`-`: from stdin); without
-                                         it the secret comes from env TROVE_AGENT_SECRET, which is then removed
-                                         from the environment commands inherit
+                                         it (and without `--listen stdin`) the secret comes from env
+                                         TROVE_AGENT_SECRET, which is then removed from the environment
+                                         commands inherit
+    --run-as UID:GID                     run commands, and the file operations, as this user with no
+                                         capabilities (the agent itself runs as another uid that keeps only
+                                         CAP_SETUID, CAP_SETGID and CAP_KILL): commands cannot signal, ptrace or read the
+                                         agent, and the agent never opens a workspace path with its own rights
     --workspace DIR                      commands run here; read_file/write_file are confined to it
                                          (default: the current directory)
     --forward tcp:127.0.0.1:PORT=unix:PATH
@@ -16,12 +26,17 @@ Options:
     --max-request-bytes N                largest accepted request line (default 64 MiB)
 
 Readiness contract: with `unix:PATH` the socket file appears (atomically, by rename) only once the agent
-accepts connections; in both modes the agent prints `trove-agent ready <endpoint>` on stdout once listening
-(with `tcp:HOST:0`, the endpoint names the port the kernel chose).
+accepts connections; with `stdin` the handed-over socket refuses connections until the agent listens on it
+(and again once the agent is gone: the agent holds the only copy); in every mode the agent prints
+`trove-agent ready <endpoint>` on stdout once listening (with `tcp:HOST:0`, the endpoint names the port the
+kernel chose).
 
 Behaviour the host relies on:
-- One JSON request line per connection, one JSON response line back. Every request carries the secret,
-  compared in constant time; a wrong or missing one gets {"ok": false, "error": "auth"}.
+- Each connection carries one exchange, authenticated both ways with HMAC-SHA256 under the per-sandbox
+  secret, which never crosses the wire: the agent greets with a fresh nonce, the request is signed over that
+  nonce (a captured request replayed on another connection, or a tampered one, gets {"ok": false, "error":
+  "auth"}), and the response is signed over the nonce and the request's signature, so only the holder of the
+  secret can answer (an impostor's "exit 0" fails the host's check). See `sign_request`/`sign_response`.
 - exec runs `bash -c cmd` in a new session (so its own process group). The hard timeout and the idle
   (no output) timeout SIGKILL that whole process group, never the agent. Background jobs of a command
   that exits on its own are left running (a command may start a server for the next one); the agent stops
@@ -30,9 +45,10 @@ Behaviour the host relies on:
 - Each connection is served by its own thread, so slow commands do not block pings or other execs.
 
 Startup time is most of a local sandbox's creation cost (the interpreter starts in ~10 ms of CPU; the
-usual json, socket, threading, subprocess imports would add as much again, mostly for re and enum). So
-the agent uses the C modules under them (_json, _socket, _thread) through the few helpers in the "lean
-stdlib" section below, and starts commands with os.posix_spawn. Requires CPython 3.9+ on Linux.
+usual json, socket, threading, subprocess, hmac imports would add as much again, mostly for re, enum and
+OpenSSL). So the agent uses the C modules under them (_json, _socket, _thread, _sha256) through the few
+helpers in the "lean stdlib" section below, and starts commands with os.posix_spawn (or, to switch uid,
+os.fork). Requires CPython 3.9+ on Linux.
 """
 
 from __future__ import annotations
@@ -116,6 +132,43 @@ def _not_serializable(value: object) -> object:
 json_loads, json_dumps = _json_codec()
 
 
+def _sha256_constructor():
+    """The C SHA-256 that hashlib wraps (`_sha2` from 3.12, `_sha256` before), without hashlib's OpenSSL."""
+    try:
+        from _sha2 import sha256  # type: ignore[import-not-found]
+    except ImportError:
+        try:
+            from _sha256 import sha256  # type: ignore[import-not-found,no-redef]
+        except ImportError:
+            from hashlib import sha256  # type: ignore[assignment]
+    return sha256
+
+
+sha256 = _sha256_constructor()
+
+
+class HmacSha256:
+    """HMAC-SHA256 under one key (RFC 2104: what `hmac.new(key, msg, "sha256")` computes; a test pins that
+    they agree). The padded inner and outer states are hashed once and copied for each message."""
+
+    BLOCK = 64
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) > self.BLOCK:
+            key = sha256(key).digest()
+        key = key.ljust(self.BLOCK, b"\0")
+        self._inner = sha256(bytes(b ^ 0x36 for b in key))
+        self._outer = sha256(bytes(b ^ 0x5C for b in key))
+
+    def hexdigest(self, *parts: bytes) -> bytes:
+        inner = self._inner.copy()
+        for part in parts:
+            inner.update(part)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.hexdigest().encode()
+
+
 def accept(listener: _socket.socket) -> _socket.socket:
     fd, _ = listener._accept()  # type: ignore[attr-defined]  # the C method socket.accept() wraps
     return _socket.socket(fileno=fd)
@@ -160,6 +213,7 @@ class Options:
         self.secret_file = ""
         self.workspace = ""
         self.forward = ""
+        self.run_as: tuple[int, int] | None = None
         self.max_request = DEFAULT_MAX_REQUEST
 
 
@@ -167,18 +221,29 @@ def parse_args(argv: list[str]) -> Options:
     """Parse `--name value` pairs; exit with status 2 and a usage line on anything else."""
     opts = Options()
     names = {"--listen": "listen", "--secret-file": "secret_file", "--workspace": "workspace",
-             "--forward": "forward", "--max-request-bytes": "max_request"}
+             "--forward": "forward", "--max-request-bytes": "max_request", "--run-as": "run_as"}
     args = list(argv)
     while args:
         flag = args.pop(0)
         if flag not in names or not args:
-            _die(f"bad argument {flag!r}; usage: agent.py --listen unix:PATH|tcp:HOST:PORT "
-                 "[--secret-file PATH] [--workspace DIR] [--forward tcp:127.0.0.1:PORT=unix:PATH]")
+            _die(f"bad argument {flag!r}; usage: agent.py --listen stdin|unix:PATH|tcp:HOST:PORT "
+                 "[--secret-file PATH] [--run-as UID:GID] [--workspace DIR] [--forward tcp:127.0.0.1:PORT=unix:PATH]")
         value = args.pop(0)
-        setattr(opts, names[flag], int(value) if flag == "--max-request-bytes" else value)
+        setattr(opts, names[flag], _option_value(flag, value))
     if not opts.listen:
         _die("--listen is required")
     return opts
+
+
+def _option_value(flag: str, value: str) -> object:
+    if flag == "--max-request-bytes":
+        return int(value)
+    if flag == "--run-as":
+        uid, sep, gid = value.partition(":")
+        if not (sep and uid.isdigit() and gid.isdigit()):
+            _die(f"bad --run-as {value!r}: want UID:GID")
+        return int(uid), int(gid)
+    return value
 
 
 def _die(message: str) -> None:
@@ -201,6 +266,33 @@ def load_secret(secret_file: str) -> bytes:
     if not secret:
         _die("no secret: pass --secret-file or set TROVE_AGENT_SECRET")
     return secret
+
+
+def receive_handoff(fd: int = 0) -> tuple[bytes, _socket.socket]:
+    """(secret, listening socket) from the host over the Unix socket `fd` (`--listen stdin`): the secret is
+    the message, the bound Unix socket rides along as SCM_RIGHTS. The agent then holds the only copy of it,
+    so once the agent is gone a connection is refused at once instead of waiting in a dead backlog."""
+    channel = _socket.socket(fileno=os.dup(fd))
+    received: list[int] = []
+    try:
+        data, ancillary, _, _ = channel.recvmsg(4096, _socket.CMSG_SPACE(4 * 4), _socket.MSG_CMSG_CLOEXEC)
+        for level, kind, payload in ancillary:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                received += [int.from_bytes(payload[i:i + 4], sys.byteorder) for i in range(0, len(payload) - 3, 4)]
+        while chunk := channel.recv(4096):
+            data += chunk
+    finally:
+        channel.close()
+    if len(received) != 1:
+        _die(f"--listen stdin: expected one socket from the host, got {len(received)}")
+    listener = _socket.socket(fileno=received[0])
+    if listener.family != _socket.AF_UNIX or listener.type != _socket.SOCK_STREAM:
+        _die("--listen stdin: the host's socket is not a Unix stream socket")
+    secret = data.strip()
+    if not secret:
+        _die("--listen stdin: the host sent no secret")
+    listener.listen(128)
+    return secret, listener
 
 
 # ---------------------------------------------------------------- listening
@@ -252,68 +344,229 @@ def serve_forever(listener: _socket.socket, handler) -> None:
             handler(conn)
 
 
+# ---------------------------------------------------------------- authentication
+# One exchange per connection:
+#   agent -> host   GREETING <nonce>\n                       32 hex digits, fresh for this connection
+#   host -> agent   <request mac> <request JSON>\n            mac = sign_request(nonce, JSON bytes)
+#   agent -> host   <response mac> <response JSON>\n          mac = sign_response(nonce, request mac, JSON)
+# Macs are 64 hex digits of HMAC-SHA256 under the per-sandbox secret. The request JSON carries a nonce of the
+# host's own, so no two requests (and so no two responses) are ever signed alike.
+
+GREETING = b"trove-agent/2 "
+REQUEST_CONTEXT = b"trove-agent request\n"
+RESPONSE_CONTEXT = b"trove-agent response\n"
+MAC_HEX_LENGTH = 64
+
+
+def sign_request(mac: HmacSha256, nonce: bytes, body: bytes) -> bytes:
+    return mac.hexdigest(REQUEST_CONTEXT, nonce, b"\n", body)
+
+
+def sign_response(mac: HmacSha256, nonce: bytes, request_mac: bytes, body: bytes) -> bytes:
+    return mac.hexdigest(RESPONSE_CONTEXT, nonce, b"\n", request_mac, b"\n", body)
+
+
+def split_signed(line: bytes) -> tuple[bytes, bytes]:
+    """`<mac> <body>\n` -> (mac, body); a line without a well-formed mac gives (b"", line)."""
+    mac, sep, body = line.rstrip(b"\n").partition(b" ")
+    if not sep or len(mac) != MAC_HEX_LENGTH or mac.strip(b"0123456789abcdef"):
+        return b"", line.rstrip(b"\n")
+    return mac, body
+
+
 # ---------------------------------------------------------------- requests
 
 
 class Agent:
-    """Answers requests for one sandbox. Thread-safe: holds no mutable state after construction."""
+    """Answers requests for one sandbox. Thread-safe: holds no mutable state after construction.
+    `run_as` (uid, gid): the user commands and file operations run as; None: the agent's own."""
 
-    def __init__(self, *, secret: bytes, workspace: str, max_request: int) -> None:
-        self.secret = secret
+    def __init__(self, *, secret: bytes, workspace: str, max_request: int,
+                 run_as: tuple[int, int] | None = None) -> None:
+        self.mac = HmacSha256(secret)
         self.workspace = os.path.realpath(workspace)
         self.max_request = max_request
+        self.run_as = run_as
+        self.bash = find_program("bash")
 
     def handle_connection(self, conn: _socket.socket) -> None:
-        """Read one request line, answer with one response line, close. Never raises."""
+        """Greet, read one signed request line, answer with one signed response line, close. Never raises."""
         try:
+            nonce = binascii.hexlify(os.urandom(16))
+            conn.sendall(GREETING + nonce + b"\n")
             conn.settimeout(REQUEST_READ_TIMEOUT)
-            line = recv_line(conn, self.max_request)
+            line = recv_line(conn, self.max_request + MAC_HEX_LENGTH + 1)
             conn.settimeout(None)
-            response = self.respond(line)
-            conn.sendall(json_dumps(response).encode() + b"\n")
+            request_mac, response = self.respond(nonce, line)
+            body = json_dumps(response).encode()
+            conn.sendall(sign_response(self.mac, nonce, request_mac, body) + b" " + body + b"\n")
         except OSError:
             pass  # the client went away; nothing to answer
         finally:
             conn.close()
 
-    def respond(self, line: bytes) -> dict:
+    def respond(self, nonce: bytes, line: bytes) -> tuple[bytes, dict]:
+        """(the request's mac as sent, the response)."""
+        request_mac, body = split_signed(line)
         try:
-            request = self.parse(line)
-            self.authenticate(request)
-            return {"ok": True, **self.dispatch(request)}
+            if len(body) > self.max_request:
+                raise RequestError("bad_request", f"request longer than {self.max_request} bytes")
+            if not request_mac or not compare_digest(request_mac, sign_request(self.mac, nonce, body)):
+                raise RequestError("auth", "request not signed with this sandbox's secret for this connection")
+            request = self.parse(body)
+            return request_mac, {"ok": True, **self.dispatch(request)}
         except RequestError as exc:
-            return {"ok": False, "error": exc.code, "message": str(exc)}
+            return request_mac, {"ok": False, "error": exc.code, "message": str(exc)}
         except Exception as exc:  # a bug or an OS failure (e.g. fork refused by the pids limit)
-            return {"ok": False, "error": "internal", "message": f"{type(exc).__name__}: {exc}"}
+            return request_mac, {"ok": False, "error": "internal", "message": f"{type(exc).__name__}: {exc}"}
 
-    def parse(self, line: bytes) -> dict:
-        if len(line) > self.max_request:
-            raise RequestError("bad_request", f"request longer than {self.max_request} bytes")
+    def parse(self, body: bytes) -> dict:
         try:
-            request = json_loads(line.decode("utf-8"))
+            request = json_loads(body.decode("utf-8"))
         except ValueError as exc:
             raise RequestError("bad_request", f"not JSON: {exc}") from None
         if not isinstance(request, dict):
             raise RequestError("bad_request", "request must be a JSON object")
         return request
 
-    def authenticate(self, request: dict) -> None:
-        given = request.get("secret")
-        if not isinstance(given, str) or not compare_digest(given.encode(), self.secret):
-            raise RequestError("auth", "wrong or missing secret")
-
     def dispatch(self, request: dict) -> dict:
         op = request.get("op")
         if op == "ping":
             return {"pid": os.getpid()}
         if op == "exec":
-            return run_command(exec_args(request, self.workspace))
+            return run_command(exec_args(request, self.workspace), self.spawner())
         if op == "read_file":
-            return {"content_b64": read_file(self.workspace, request.get("path"))}
+            return {"content_b64": binascii.b2a_base64(
+                self.as_user(read_file, self.workspace, request.get("path")), newline=False).decode()}
         if op == "write_file":
-            write_file(self.workspace, request.get("path"), request.get("content_b64"))
+            content = decode_content(request.get("content_b64"))
+            self.as_user(write_file, self.workspace, request.get("path"), content)
             return {}
         raise RequestError("bad_request", f"unknown op {op!r}")
+
+    def spawner(self):
+        """How `run_command` starts bash: posix_spawn as ourselves, or fork + drop to `run_as`."""
+        if self.run_as is None:
+            return lambda argv, env, out_w, err_w: spawn_command(self.bash, argv, env, out_w, err_w)
+        return lambda argv, env, out_w, err_w: spawn_command_as(self.run_as, self.bash, argv, env, out_w, err_w)
+
+    def as_user(self, operation, *args):
+        """`operation(*args)` as the commands' user (in a child dropped to `run_as`), so a path a command
+        planted (a symlink into /proc/<agent>, say) is opened with nothing more than the command's rights."""
+        if self.run_as is None:
+            return operation(*args)
+        return run_as_child(self.run_as, operation, *args)
+
+
+# ---------------------------------------------------------------- users
+
+
+def find_program(name: str) -> str:
+    """`name` on our PATH (posix_spawnp's search, done once: a forked child execs the full path)."""
+    for directory in os.environ.get("PATH", "/usr/bin:/bin").split(":"):
+        candidate = os.path.join(directory or ".", name)
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return name
+
+
+def drop_to(run_as: tuple[int, int]) -> None:
+    """Become `run_as` for good in this (forked) process: no supplementary groups, real, effective and saved
+    ids all switched, which clears every capability. no_new_privs (set by bubblewrap on the whole sandbox)
+    keeps a setuid or file-capability binary from giving any back. Raises if the switch did not happen."""
+    uid, gid = run_as
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
+        raise OSError(f"could not switch to {uid}:{gid}")
+
+
+def fork_as(run_as: tuple[int, int], child) -> tuple[int, bytes]:
+    """Fork; the child drops to `run_as` and runs `child()` (which execs, or returns to exit 0). Returns
+    (pid, what the child reported on its error pipe: empty when it exec'd or returned cleanly). A child that
+    fails, the drop included, never runs anything: it reports and exits 127."""
+    err_r, err_w = os.pipe()  # close-on-exec: an exec that works closes it with nothing written
+    pid = os.fork()
+    if pid == 0:  # the child: only raw system calls and small objects from here to exec or _exit
+        code = 0
+        try:
+            os.close(err_r)
+            drop_to(run_as)
+            child()
+        except BaseException as exc:
+            code = 127
+            try:
+                os.write(err_w, _child_error(exc).encode()[:4000])
+            except BaseException:
+                pass
+        os._exit(code)
+    os.close(err_w)
+    try:
+        report = b""
+        while chunk := os.read(err_r, 4096):
+            report += chunk
+    finally:
+        os.close(err_r)
+    return pid, report
+
+
+def _child_error(exc: BaseException) -> str:
+    if isinstance(exc, RequestError):
+        return f"{exc.code}\t{exc}"
+    return f"internal\t{type(exc).__name__}: {exc}"
+
+
+def run_as_child(run_as: tuple[int, int], operation, *args) -> bytes:
+    """`operation(*args)` in a child dropped to `run_as`; its return value (bytes, or None) comes back
+    through a pipe, a RequestError it raises is raised here."""
+    out_r, out_w = os.pipe()
+
+    def child() -> None:
+        os.close(out_r)
+        result = operation(*args) or b""
+        view = memoryview(result)
+        while view:
+            view = view[os.write(out_w, view):]
+
+    try:
+        pid, report = fork_as(run_as, child)
+    finally:
+        os.close(out_w)
+    try:
+        chunks = []
+        while chunk := os.read(out_r, READ_CHUNK):
+            chunks.append(chunk)
+    finally:
+        os.close(out_r)
+    os.waitpid(pid, 0)
+    if report:
+        code, _, message = report.decode("utf-8", "replace").partition("\t")
+        raise RequestError(code, message)
+    return b"".join(chunks)
+
+
+def spawn_command(bash: str, argv: list[str], env: dict[str, str], out_w: int, err_w: int) -> int:
+    actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+               (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)]
+    return os.posix_spawn(bash, argv, env, file_actions=actions, setsid=True)
+
+
+def spawn_command_as(run_as: tuple[int, int], bash: str, argv: list[str], env: dict[str, str], out_w: int,
+                     err_w: int) -> int:
+    def child() -> None:
+        os.setsid()
+        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.execve(bash, argv, env)
+
+    pid, report = fork_as(run_as, child)
+    if report:
+        os.waitpid(pid, 0)
+        raise OSError(f"cannot start the command as {run_as[0]}:{run_as[1]}: {report.decode('utf-8', 'replace')}")
+    return pid
 
 
 # ---------------------------------------------------------------- files
@@ -333,26 +586,30 @@ def confined_path(workspace: str, path: object) -> str:
     return resolved
 
 
-def read_file(workspace: str, path: object) -> str:
+def read_file(workspace: str, path: object) -> bytes:
     target = confined_path(workspace, path)
     try:
-        with open(target, "rb") as f:
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
+        with open(fd, "rb") as f:
             content = f.read(MAX_FILE_READ + 1)
     except OSError as exc:
         raise RequestError("path", f"{path!r}: {exc.strerror}") from None
     if len(content) > MAX_FILE_READ:
         raise RequestError("bad_request", f"{path!r} is larger than {MAX_FILE_READ} bytes")
-    return binascii.b2a_base64(content, newline=False).decode()
+    return content
 
 
-def write_file(workspace: str, path: object, content_b64: object) -> None:
-    """Write (create or replace) a workspace file, creating parent directories."""
+def decode_content(content_b64: object) -> bytes:
     if not isinstance(content_b64, str):
         raise RequestError("bad_request", "content_b64 must be a string")
     try:
-        content = binascii.a2b_base64(content_b64)
+        return binascii.a2b_base64(content_b64)
     except binascii.Error as exc:
         raise RequestError("bad_request", f"content_b64: {exc}") from None
+
+
+def write_file(workspace: str, path: object, content: bytes) -> None:
+    """Write (create or replace) a workspace file, creating parent directories."""
     target = confined_path(workspace, path)
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -427,16 +684,14 @@ class Capture:
         return self.data.decode("utf-8", "replace")
 
 
-def run_command(args: ExecArgs) -> dict:
-    """Run one command to completion or timeout; see the module docstring for the contract."""
+def run_command(args: ExecArgs, spawn) -> dict:
+    """Run one command to completion or timeout; see the module docstring for the contract.
+    `spawn(argv, env, stdout_fd, stderr_fd)` starts bash in its own session and returns its pid."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-               (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)]
     started = time.monotonic()
     try:
-        pid = os.posix_spawnp("bash", bash_argv(args.cmd, args.cwd), args.env, file_actions=actions,
-                              setsid=True)
+        pid = spawn(bash_argv(args.cmd, args.cwd), args.env, out_w, err_w)
     except OSError:
         os.close(out_r)
         os.close(err_r)
@@ -610,16 +865,22 @@ def _pump(source: _socket.socket, sink: _socket.socket, done) -> None:
 
 def main(argv: list[str]) -> None:
     opts = parse_args(argv)
-    secret = load_secret(opts.secret_file)
+    if opts.listen == "stdin":
+        secret, listener = receive_handoff(0)
+    else:
+        secret, listener = load_secret(opts.secret_file), None
     _detach_stdin()
+    if opts.run_as is not None and os.getuid() == opts.run_as[0]:
+        _die(f"--run-as {opts.run_as[0]} is the agent's own uid: commands could signal and trace the agent")
     workspace = opts.workspace or os.getcwd()
     os.chdir(workspace)  # commands are spawned with the agent's own working directory
-    agent = Agent(secret=secret, workspace=workspace, max_request=opts.max_request)
+    agent = Agent(secret=secret, workspace=workspace, max_request=opts.max_request, run_as=opts.run_as)
     if opts.forward:
         listen, target = parse_forward(opts.forward)
         forward_listener = open_listener(listen)
         start_thread(serve_forever, forward_listener, lambda conn: forward_connection(conn, target))
-    listener = open_listener(opts.listen)
+    if listener is None:
+        listener = open_listener(opts.listen)
     announce_ready(bound_endpoint(listener, opts.listen))
     serve_forever(listener, agent.handle_connection)
 
@@ -627,7 +888,7 @@ def main(argv: list[str]) -> None:
 def bound_endpoint(listener: _socket.socket, requested: str) -> str:
     """The endpoint actually listened on: `tcp:HOST:0` gets its real port."""
     if listener.family == _socket.AF_UNIX:
-        return requested
+        return requested if requested != "stdin" else f"unix:{listener.getsockname()}"
     host, port = listener.getsockname()[:2]
     return f"tcp:{host}:{port}"
 

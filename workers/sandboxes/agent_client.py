@@ -2,24 +2,38 @@
 
 One request per connection, one JSON line each way, to `unix:/path/agent.sock` or `tcp:HOST:PORT`.
 Shared by the backends: they differ in how a sandbox is made, not in how its agent is spoken to.
+Every exchange is authenticated both ways (see "authentication" in agent.py): the secret never crosses the
+wire, and a reply is believed only if it is signed over this connection's nonce and this request.
 Errors say whether a retry can help: a refused or dropped connection is `AgentUnavailable` (transient),
-a wrong secret is `AgentAuthError`, a bad path or request is a permanent `SandboxError`.
+a wrong secret is `AgentAuthError`, a reply that fails its signature (an impostor answering, or tampering)
+is `AgentIntegrityError`, a bad path or request is a permanent `SandboxError`.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
+import secrets
 import socket
 import time
 from typing import Any
 
-from workers.sandboxes.base import AgentAuthError, AgentUnavailable, ExecResult, SandboxError
+from workers.sandboxes.agent import GREETING, MAC_HEX_LENGTH, REQUEST_CONTEXT, RESPONSE_CONTEXT, split_signed
+from workers.sandboxes.base import (
+    AgentAuthError,
+    AgentIntegrityError,
+    AgentUnavailable,
+    ExecResult,
+    SandboxError,
+)
 
 # How long past the command's own timeout we wait for the agent's answer: the agent needs a moment to
 # kill the process group and send what was captured.
 REPLY_MARGIN = 15.0
 MAX_REPLY_BYTES = 64 * 1024 * 1024
+MAX_GREETING_BYTES = 256
 
 
 class AgentClient:
@@ -62,22 +76,50 @@ class AgentClient:
         self.call("write_file", {"path": path, "content_b64": base64.b64encode(content).decode()}, wait=timeout)
 
     def call(self, op: str, fields: dict[str, Any], *, wait: float) -> dict[str, Any]:
-        """Send one request and return the agent's reply (`ok` true), or raise a typed error.
-        `wait` bounds each socket operation of the exchange."""
-        request = {"op": op, "secret": self.secret, **fields}
+        """Send one signed request and return the agent's verified reply (`ok` true), or raise a typed error.
+        `wait` bounds each socket operation of the exchange after the greeting."""
+        body = json.dumps({"op": op, "nonce": secrets.token_hex(16), **fields}).encode()
         started = time.monotonic()
         try:
             with self._connect() as sock:
+                reader = _LineReader(sock)
+                sock.settimeout(max(self.connect_timeout, 0.1))
+                nonce = self._greeting_nonce(reader.line(MAX_GREETING_BYTES))
+                request_mac = self._sign(REQUEST_CONTEXT, nonce, b"\n", body)
                 sock.settimeout(max(wait, 0.1))
-                sock.sendall(json.dumps(request).encode() + b"\n")
-                line = _read_line(sock)
+                sock.sendall(request_mac + b" " + body + b"\n")
+                line = reader.line(MAX_REPLY_BYTES)
         except (ConnectionError, TimeoutError, OSError) as exc:
             elapsed = time.monotonic() - started
             raise AgentUnavailable(
                 f"agent at {self.endpoint} did not answer {op} ({exc.__class__.__name__}: {exc}; {elapsed:.1f}s)",
                 reason="agent_unavailable",
             ) from exc
-        return _check(op, line)
+        return _check(op, self._verified(op, nonce, request_mac, line))
+
+    def _sign(self, *parts: bytes) -> bytes:
+        mac = hmac.new(self.secret.encode(), digestmod=hashlib.sha256)
+        for part in parts:
+            mac.update(part)
+        return mac.hexdigest().encode()
+
+    def _greeting_nonce(self, line: bytes) -> bytes:
+        nonce = line.removeprefix(GREETING)
+        if not line.startswith(GREETING) or len(nonce) != 32 or nonce.strip(b"0123456789abcdef"):
+            raise AgentIntegrityError(f"{self.endpoint} did not greet as a Trove agent: {line[:80]!r}",
+                                      reason="agent_protocol")
+        return nonce
+
+    def _verified(self, op: str, nonce: bytes, request_mac: bytes, line: bytes) -> bytes:
+        """The reply's JSON once its signature checks out. Anything else means that whatever answered does not
+        hold this sandbox's secret (an impostor, or a tampered reply): never believed, never retried."""
+        reply_mac, body = split_signed(line)
+        expected = self._sign(RESPONSE_CONTEXT, nonce, b"\n", request_mac, b"\n", body)
+        if len(reply_mac) != MAC_HEX_LENGTH or not hmac.compare_digest(reply_mac, expected):
+            raise AgentIntegrityError(
+                f"the {op} reply from {self.endpoint} is not signed by this sandbox's agent: the agent was replaced "
+                "or impersonated, or the reply was tampered with", reason="agent_forged")
+        return body
 
     def _connect(self) -> socket.socket:
         kind, _, address = self.endpoint.partition(":")
@@ -96,21 +138,27 @@ class AgentClient:
         raise SandboxError(f"unsupported agent endpoint {self.endpoint!r}", reason="bad_endpoint", permanent=True)
 
 
-def _read_line(sock: socket.socket) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("agent closed the connection before replying")
-        newline = chunk.find(b"\n")
-        if newline >= 0:
-            chunks.append(chunk[:newline])
-            return b"".join(chunks)
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > MAX_REPLY_BYTES:
-            raise ConnectionError(f"agent reply longer than {MAX_REPLY_BYTES} bytes")
+class _LineReader:
+    """Lines from a socket, keeping what arrived past a newline for the next line."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.rest = b""
+
+    def line(self, limit: int) -> bytes:
+        """The next line without its newline; ConnectionError at end of stream or past `limit` bytes."""
+        chunks, size, chunk = [], 0, self.rest
+        while (newline := chunk.find(b"\n")) < 0:
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise ConnectionError(f"agent line longer than {limit} bytes")
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("agent closed the connection before replying")
+        chunks.append(chunk[:newline])
+        self.rest = chunk[newline + 1:]
+        return b"".join(chunks)
 
 
 def _check(op: str, line: bytes) -> dict[str, Any]:

@@ -5,9 +5,11 @@ backend through this interface. Every method may be retried: `create` with the s
 two sandboxes (names are deterministic), `destroy` of a sandbox that is already gone succeeds.
 
 Exec and file access go to a small agent inside the sandbox (`workers/sandboxes/agent.py`, stdlib only).
-Agent wire protocol, the same over a Unix socket (local) and TCP at the pod IP (Kubernetes):
-one JSON object per line in each direction, one request per connection.
-    request:  {"op": "exec"|"read_file"|"write_file"|"ping", "secret": "<per-sandbox secret>", ...}
+Agent wire protocol, the same over a Unix socket (local) and TCP at the pod IP (Kubernetes): one exchange
+per connection, each side's JSON line signed with HMAC-SHA256 under the per-sandbox secret (which never
+crosses the wire): the agent greets with a nonce, the host sends `<mac> <request>`, the agent answers
+`<mac> <response>` (see "authentication" in agent.py).
+    request:  {"op": "exec"|"read_file"|"write_file"|"ping", "nonce": "<host's own nonce>", ...}
     exec:     {"cmd": str, "timeout": float, "idle_timeout": float|null, "max_output": int, "cwd": str|null,
                "env": {str: str}|null}
               -> {"ok": true, "exit_code": int|null, "stdout": str, "stderr": str, "duration_ms": float,
@@ -47,6 +49,11 @@ class SandboxStartFailed(SandboxError):
 
 class AgentAuthError(SandboxError):
     permanent = True
+
+
+class AgentIntegrityError(AgentAuthError):
+    """What answered is not the sandbox's agent, or its reply was changed: the reply is not signed with the
+    sandbox's secret. Nothing from that sandbox can be trusted any more (a policy may have replaced its agent)."""
 
 
 class AgentUnavailable(SandboxError):

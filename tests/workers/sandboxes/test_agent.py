@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import socket
@@ -37,11 +39,24 @@ def tcp_agent(tmp_path):
     process.wait()
 
 
-def raw_request(endpoint: str, payload: bytes) -> dict:
+def exchange(endpoint: str, body: bytes, *, secret: str | None = SECRET, nonce: bytes | None = None) -> dict:
+    """One exchange by hand: read the greeting, send `body` signed with `secret` (unsigned if None) over the
+    greeting's nonce (or over `nonce`, to replay an old signature), return the reply after checking its mac."""
     host, port = endpoint.removeprefix("tcp:").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(payload)
-        return json.loads(sock.makefile("rb").readline())
+        reader = sock.makefile("rb")
+        greeting = reader.readline().rstrip(b"\n")
+        assert greeting.startswith(agent.GREETING)
+        fresh = greeting.removeprefix(agent.GREETING)
+        request_mac = b"0" * 64 if secret is None else sign(secret, agent.REQUEST_CONTEXT, nonce or fresh, b"\n", body)
+        sock.sendall(request_mac + b" " + body + b"\n")
+        reply_mac, reply = reader.readline().rstrip(b"\n").split(b" ", 1)
+    assert reply_mac == sign(SECRET, agent.RESPONSE_CONTEXT, fresh, b"\n", request_mac, b"\n", reply)
+    return json.loads(reply)
+
+
+def sign(secret: str, *parts: bytes) -> bytes:
+    return hmac.new(secret.encode(), b"".join(parts), hashlib.sha256).hexdigest().encode()
 
 
 def test_tcp_agent_executes_and_hides_its_secret_from_commands(tcp_agent):
@@ -58,29 +73,60 @@ def test_tcp_agent_refuses_a_wrong_secret(tcp_agent):
 
     with pytest.raises(AgentAuthError):
         AgentClient(client.endpoint, "wrong").exec("echo hi")
-    reply = raw_request(client.endpoint, b'{"op": "ping"}\n')
+    unsigned = exchange(client.endpoint, b'{"op": "ping"}', secret=None)
+    wrong = exchange(client.endpoint, b'{"op": "ping"}', secret="wrong")
 
-    assert reply == {"ok": False, "error": "auth", "message": "wrong or missing secret"}
+    for reply in (unsigned, wrong):
+        assert reply["ok"] is False and reply["error"] == "auth"
 
 
 @pytest.mark.parametrize(
     ("payload", "code"),
     [
-        (b"{not json\n", "bad_request"),
-        (b"[1, 2]\n", "bad_request"),
-        (b'{"op": "dance", "secret": "tcp-test-secret"}\n', "bad_request"),
-        (b'{"op": "exec", "secret": "tcp-test-secret", "cmd": 5}\n', "bad_request"),
-        (b'{"op": "exec", "secret": "tcp-test-secret", "cmd": "true", "timeout": -1}\n', "bad_request"),
-        (b'{"op": "read_file", "secret": "tcp-test-secret", "path": "../x"}\n', "path"),
-        (b'{"op": "read_file", "secret": "tcp-test-secret", "path": "missing.txt"}\n', "path"),
+        (b"{not json", "bad_request"),
+        (b"[1, 2]", "bad_request"),
+        (b'{"op": "dance"}', "bad_request"),
+        (b'{"op": "exec", "cmd": 5}', "bad_request"),
+        (b'{"op": "exec", "cmd": "true", "timeout": -1}', "bad_request"),
+        (b'{"op": "read_file", "path": "../x"}', "path"),
+        (b'{"op": "read_file", "path": "missing.txt"}', "path"),
     ],
 )
 def test_bad_requests_get_a_coded_error(tcp_agent, payload, code):
     client, _ = tcp_agent
 
-    reply = raw_request(client.endpoint, payload)
+    reply = exchange(client.endpoint, payload)
 
     assert reply["ok"] is False and reply["error"] == code and reply["message"]
+
+
+def test_a_signed_request_works_once_and_its_replay_on_a_new_connection_is_refused(tcp_agent):
+    client, workspace = tcp_agent
+    body = b'{"op": "exec", "cmd": "echo ran >> count.txt"}'
+    host, port = client.endpoint.removeprefix("tcp:").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        reader = sock.makefile("rb")
+        nonce = reader.readline().rstrip(b"\n").removeprefix(agent.GREETING)
+        captured = sign(SECRET, agent.REQUEST_CONTEXT, nonce, b"\n", body) + b" " + body + b"\n"
+        sock.sendall(captured)
+        assert json.loads(reader.readline().split(b" ", 1)[1])["exit_code"] == 0
+
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        reader = sock.makefile("rb")
+        reader.readline()
+        sock.sendall(captured)  # the same bytes, under the new connection's nonce
+        replayed = json.loads(reader.readline().split(b" ", 1)[1])
+    tampered = exchange(client.endpoint, body.replace(b"echo ran", b"echo bad"), nonce=nonce)
+
+    assert replayed["error"] == "auth" and tampered["error"] == "auth"
+    assert (workspace / "count.txt").read_text() == "ran\n"
+
+
+def test_the_lean_hmac_agrees_with_the_hmac_module():
+    for key in (b"", b"k", b"k" * 64, b"k" * 65, b"\xff" * 200):
+        mac = agent.HmacSha256(key)
+        for parts in ((), (b"a",), (b"a", b"bc", b"\n" * 1000)):
+            assert mac.hexdigest(*parts) == hmac.new(key, b"".join(parts), hashlib.sha256).hexdigest().encode()
 
 
 def test_a_slow_command_does_not_block_other_connections(tcp_agent):
