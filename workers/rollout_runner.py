@@ -45,12 +45,12 @@ from experience.services.ingest import (
     trajectory_tally,
 )
 from webapp.fleets.errors import StaleFencingToken
-from webapp.fleets.models import Fleet
+from webapp.fleets.models import EnvironmentTemplate, Fleet
 from webapp.fleets.services import relaxed_commit
 from webapp.proxy.wiring import ingest_pending_records
 from webapp.rollouts import services as rollout_services
 from webapp.rollouts.models import Rollout
-from workers import fleet_ops
+from workers import eval_integrity, fleet_ops
 from workers.harness import external
 from workers.harness.builtin import openai_chat, run_builtin_harness
 from workers.sandboxes.base import ExecResult, SandboxError
@@ -58,8 +58,9 @@ from workers.sandboxes.bwrap import PROXY_PORT
 
 log = logging.getLogger("trove.rollouts")
 R = Rollout.Status
+# Trove's own git bookkeeping reads no system-wide git configuration (an image's /etc/gitconfig is not the task's).
 WORKSPACE_BASELINE = (
-    "git init -q . && git add -A && "
+    "export GIT_CONFIG_NOSYSTEM=1; git init -q . && git add -A && "
     "git -c user.email=trove@localhost -c user.name=trove commit -q -m baseline"
 )
 PROXY_RECORD_WAIT_S = 15.0
@@ -72,7 +73,7 @@ CATCH_UP_KEEP_S = 0.5  # ... and how long it keeps its connection with no rollou
 # count has not moved for this long after it exited (the proxy queues a call's record as soon as it has sent
 # the answer, so what is left to cover is the record's way to the store: the sink's batching, the stream).
 PROXY_RECORD_QUIET_S = 1.0
-EVAL_PROTECTED = ("tests/",)  # task files restored before the evaluation runs
+EVAL_PATCH_BYTES = 16 * 1024 * 1024  # the largest final diff carried into a fresh evaluation sandbox
 # The runner's own steps are written in batches: at most this long after the first unwritten one (checked as
 # steps come), and always before the trajectory is finished. A batch holds steps older than model calls the
 # proxy already stored, so every write renumbers the trajectory's steps by time: fewer, larger batches are
@@ -244,6 +245,7 @@ class Attempt:
         self.model_calls = 0  # calls the harness made, as far as the runner knows (waited for before finishing)
         self.pending: list[StepRecord] = []
         self.pending_since = 0.0
+        self.eval_facts: dict = {}  # how the evaluation was made trustworthy, kept in its step
 
     def run(self) -> str:
         try:
@@ -391,7 +393,7 @@ class Attempt:
         # One commit (one WAL flush): the evaluation's step, the trajectory's outcome and the rollout's. Locks
         # are taken in the order trajectory, job, rollout; nothing takes a trajectory's lock after a job's.
         with transaction.atomic():
-            self.record(_eval_step(task, result, started_at, passed, reward))
+            self.record(_eval_step(task, result, started_at, passed, reward, self.eval_facts))
             tally = tally and tally.with_steps(self.pending)
             self.flush(relaxed=False)
             trajectory_finish(trajectory_id=self.trajectory_id, status="completed", reward=reward, success=passed,
@@ -404,18 +406,67 @@ class Attempt:
         return status
 
     def evaluate(self) -> tuple[ExecResult, ExecResult, datetime]:
-        """(the workspace diff, the evaluation's result, when it started)."""
-        lease, task = self.held(), self.rollout.task
+        """(the workspace diff, the evaluation's result, when it started). Nothing the policy could have
+        changed judges it (workers/eval_integrity.py): in place, its processes are killed first; with the
+        template's `fresh-sandbox` mode the evaluation runs in a new sandbox holding only its diff. Either way
+        the protected and hidden files come from the Task row."""
+        task = self.rollout.task
         started = time.perf_counter()
-        diff = fleet_ops.sandbox_exec(lease, "git add -A >/dev/null 2>&1; git diff --cached", timeout=30,
-                                      reason="diff")
-        # The evaluation runs the task's own tests, whatever the agent did to its copy of them.
-        fleet_ops.sandbox_write_files(lease, {p: t for p, t in task.files.items() if p.startswith(EVAL_PROTECTED)})
+        diff = fleet_ops.sandbox_exec(self.held(), "export GIT_CONFIG_NOSYSTEM=1; git add -A >/dev/null 2>&1; "
+                                      "git diff --cached", timeout=30, reason="diff")
+        fresh = self.job.fleet.template.eval_mode == EnvironmentTemplate.EvalMode.FRESH_SANDBOX
+        self.eval_facts = {"eval_mode": "fresh-sandbox" if fresh else "in-place"}
+        refusal = self.move_to_fresh_sandbox(task) if fresh else None
+        if refusal is None:
+            refusal = self.restore_for_eval(task, kill=not fresh)
         self.clock.sandbox_ms += (time.perf_counter() - started) * 1000
         started_at, started = now(), time.perf_counter()
-        result = fleet_ops.sandbox_exec(lease, task.eval_command, timeout=task.eval_timeout_s, reason="eval")
+        if refusal is not None:
+            return diff, refusal, started_at
+        result = fleet_ops.sandbox_exec(self.held(), eval_integrity.eval_command(task), timeout=task.eval_timeout_s,
+                                        reason="eval")
         self.clock.eval_ms += (time.perf_counter() - started) * 1000
         return diff, result, started_at
+
+    def move_to_fresh_sandbox(self, task) -> ExecResult | None:
+        """Take the final diff (protected paths left out), give the policy's sandbox back, claim a new one
+        from the same fleet, set the task up in it and apply the diff. None when the diff applied, else the
+        refused evaluation (a diff that does not apply fails the run)."""
+        patch = fleet_ops.sandbox_exec(self.held(), eval_integrity.transport_diff_command(task), timeout=60,
+                                       max_output=EVAL_PATCH_BYTES, reason="diff for the fresh evaluation")
+        if patch.exit_code != 0 or patch.truncated_bytes:
+            return eval_integrity.refused(
+                f"the final diff could not be taken (exit {patch.exit_code}, {patch.truncated_bytes} bytes over "
+                f"the {EVAL_PATCH_BYTES}-byte limit): {patch.stderr[-300:]}")
+        self.release()  # destroys the policy's sandbox and everything still running in it
+        lease = fleet_ops.sandbox_claim(fleet=self.job.fleet, holder=f"rollout:{self.rollout.pk}:eval:{self.worker}")
+        self.lease = self.heartbeat.lease = lease
+        self.eval_facts["eval_sandbox"] = lease.sandbox.name
+        self.record(StepRecord(kind="sandbox_event", started_at=now(), text="evaluation: " + _lease_note(lease),
+                               payload={"sandbox": lease.sandbox.name, "cold": lease.sandbox.cold_claim,
+                                        "claim_ms": round(lease.claim_ms, 1), "purpose": "eval"}))
+        self.prepare_workspace()
+        fleet_ops.sandbox_write_files(lease, {eval_integrity.PATCH_PATH: patch.stdout})
+        applied = fleet_ops.sandbox_exec(lease, eval_integrity.APPLY_PATCH, timeout=120, reason="apply final diff")
+        self.eval_facts["patch_bytes"] = len(patch.stdout.encode())
+        if applied.exit_code != 0:
+            return eval_integrity.refused(f"the final diff does not apply to the task: {applied.stderr[-500:]}")
+        return None
+
+    def restore_for_eval(self, task, *, kill: bool) -> ExecResult | None:
+        """Kill what the policy left running (in place), scrub the workspace and write the protected and
+        hidden files from the Task row. None when done, else the refused evaluation."""
+        lease = self.held()
+        prepared = fleet_ops.sandbox_exec(lease, eval_integrity.prepare_command(task, kill=kill), timeout=60,
+                                          reason="prepare evaluation")
+        self.eval_facts["prepare"] = (prepared.stdout + prepared.stderr)[-500:]
+        if prepared.exit_code != 0:
+            return eval_integrity.refused(f"the sandbox could not be made safe to evaluate in "
+                                          f"(exit {prepared.exit_code}): {prepared.stderr[-500:]}")
+        files = eval_integrity.restored_files(task)
+        fleet_ops.sandbox_write_files(lease, files)
+        self.eval_facts.update(restored=len(files), hidden=len(task.eval_files))
+        return None
 
     def infra_failure(self, error: SandboxError) -> str:
         """Infrastructure failed, not the model: retry transient errors while attempts remain, else
@@ -507,13 +558,14 @@ def _command_step(command: str, result: ExecResult, started_at: datetime, ended_
     )
 
 
-def _eval_step(task, result: ExecResult, started_at: datetime, passed: bool, reward: float) -> StepRecord:
+def _eval_step(task, result: ExecResult, started_at: datetime, passed: bool, reward: float,
+               facts: dict) -> StepRecord:
     verdict = "passed" if passed else ("timed out" if result.timed_out else f"failed (exit {result.exit_code})")
     return StepRecord(
         kind="eval", command=task.eval_command, output=result.stdout + result.stderr, exit_code=result.exit_code,
         started_at=started_at, ended_at=now(), duration_ms=result.duration_ms, is_error=result.timed_out,
         text=f"evaluation {verdict}; reward {reward}",
-        payload={"reward": reward, "timed_out": result.timed_out, "timeout_s": task.eval_timeout_s},
+        payload={"reward": reward, "timed_out": result.timed_out, "timeout_s": task.eval_timeout_s, **facts},
     )
 
 
