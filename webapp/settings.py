@@ -12,9 +12,11 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from webapp.env import ConfigError, env_bool, env_choice, env_int, env_list, env_str
+from webapp.var_dir import private_dir, private_file, sandbox_host_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("TROVE_VAR_DIR") or BASE_DIR / "var")
+# Owner-only (webapp/var_dir.py): the database, datasets, index and spool live here.
+VAR_DIR = private_dir(Path(env_str("TROVE_VAR_DIR") or BASE_DIR / "var"))
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 EMBEDDED = not env_str("DATABASE_URL")
@@ -108,10 +110,9 @@ def _database_from_url(url: str) -> dict:
 
 
 def _sqlite_database() -> dict:
-    VAR_DIR.mkdir(parents=True, exist_ok=True)
     return {
         "ENGINE": "django.db.backends.sqlite3",
-        "NAME": VAR_DIR / "trove.sqlite3",
+        "NAME": private_file(VAR_DIR / "trove.sqlite3"),  # 0600, and so its -wal and -shm files
         # WAL lets the dashboard read while the in-process worker writes; the busy timeout rides out the
         # short write locks instead of failing with "database is locked".
         "OPTIONS": {
@@ -177,7 +178,9 @@ if REDIS_URL:  # the proxy's records reach the store through a Redis stream only
 
 # --- Trove ------------------------------------------------------------------------------------------
 TROVE_SANDBOX_BACKEND = env_choice("TROVE_SANDBOX_BACKEND", "local", ("local", "kubernetes"))
-TROVE_SANDBOX_ROOT = Path(env_str("TROVE_SANDBOX_ROOT") or VAR_DIR / "sandboxes")
+# The sandboxes' uids must pass through every parent of the sandbox root and the proxy socket: as root these
+# live outside the owner-only var/, under /var/lib/trove-sandboxes/<var/'s hash> (webapp/var_dir.py).
+TROVE_SANDBOX_ROOT = Path(env_str("TROVE_SANDBOX_ROOT") or sandbox_host_dir(VAR_DIR) / "sandboxes")
 TROVE_KUBE_NAMESPACE = env_str("TROVE_KUBE_NAMESPACE", "trove-sandboxes")
 TROVE_KUBECONFIG = env_str("KUBECONFIG")
 TROVE_PROXY_HOST = env_str("TROVE_PROXY_HOST", "127.0.0.1")
@@ -188,7 +191,7 @@ TROVE_PROXY_WORKERS = env_int("TROVE_PROXY_WORKERS", 0)
 TROVE_PROXY_PUBLIC_URL = env_str("TROVE_PROXY_PUBLIC_URL") or f"http://{TROVE_PROXY_HOST}:{TROVE_PROXY_PORT}"
 # The proxy also listens on this Unix socket (empty: it does not). Local sandboxes of a "proxy-only" template
 # reach it through it and nothing else; keep it in a directory of its own (the directory is bound in).
-TROVE_PROXY_SOCKET = env_str("TROVE_PROXY_SOCKET", str(VAR_DIR / "proxy" / "proxy.sock")) or ""
+TROVE_PROXY_SOCKET = env_str("TROVE_PROXY_SOCKET", str(sandbox_host_dir(VAR_DIR) / "proxy" / "proxy.sock")) or ""
 # Where the proxy spools records it could not hand on (Redis down, the database refusing), and keeps the dead
 # letter of records it can never store. Not under the socket's directory: that one is bound into sandboxes.
 TROVE_PROXY_SPOOL_DIR = Path(env_str("TROVE_PROXY_SPOOL_DIR") or VAR_DIR / "proxy-spool")

@@ -4,12 +4,15 @@ in-process worker on the memory transport). Run as `manage.py demo` in a subproc
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from webapp.var_dir import sandbox_host_dir
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
@@ -35,5 +38,8 @@ def test_the_demo_job_runs_in_the_embedded_default(tmp_path):
     assert len(rewards) == 6 and all(r in (0.0, 1.0) for r in rewards)
     live = database.execute("select count(*) from fleets_sandbox where state != 'terminated'").fetchone()[0]
     assert live == 0
-    leftovers = [p.name for p in (tmp_path / "var" / "sandboxes").iterdir() if not p.name.startswith(".")]
+    sandbox_root = sandbox_host_dir(tmp_path / "var") / "sandboxes"  # the default (as root: outside var/)
+    leftovers = [p.name for p in sandbox_root.iterdir() if not p.name.startswith(".")]
     assert leftovers == []
+    if sandbox_root.parent != tmp_path / "var":
+        shutil.rmtree(sandbox_root.parent)  # this run's own directory under /var/lib/trove-sandboxes

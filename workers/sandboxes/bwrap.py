@@ -4,8 +4,10 @@ What a sandbox sees:
     /usr /bin /lib /lib64 /sbin   the host's (or `rootfs`'s), read-only
     /etc                          a minimal one: generated passwd/group/hosts/nsswitch.conf plus a few host
                                   files the dynamic linker and TLS need (all read-only); `rootfs`'s own /etc
-    /proc /dev /tmp /dev/shm      fresh (a new pid namespace's procfs, a minimal /dev, private tmpfs)
-    /workspace                    the sandbox's host workspace directory, read-write; the working directory
+    /proc /dev /tmp /dev/shm      fresh (a new pid namespace's procfs, a minimal /dev, private tmpfs: /tmp of
+                                  disk_mb, /dev/shm of quota.SHM_MB)
+    /workspace                    read-write, the working directory: a tmpfs of disk_mb (quota.py), mounted on
+                                  the sandbox's host workspace directory (root) or by bwrap inside
     /run/trove                    the host run directory: the agent creates its socket here
     /opt/trove/agent              the agent (bytecode, or source under a rootfs), read-only
     /opt/trove/harness            Trove's example harnesses (workers/harness/examples), read-only
@@ -22,6 +24,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from functools import cached_property
+
+from workers.sandboxes import quota
 
 SANDBOX_UID = 1000
 WORKSPACE = "/workspace"
@@ -115,6 +119,10 @@ class Launch:
     harness: bool = False  # bind shared_dir/harness (the example harnesses) at HARNESS_DIR
     tmp_size_mb: int | None = None
     env: tuple[tuple[str, str], ...] = ()
+    seccomp_fd: int | None = None  # a descriptor holding the compiled filter (seccomp.py), inherited by bwrap
+    # The workspace's size when the host could not mount its tmpfs (not root): bwrap mounts one at WORKSPACE
+    # instead of binding paths.workspace (see quota.py). None: paths.workspace is bound (root: a host tmpfs).
+    workspace_tmpfs_mb: int | None = None
 
 
 def supervisor_argv(launch: Launch, *, cgroup_dirs: list[str], bwrap: str, setpriv: list[str]) -> list[str]:
@@ -130,16 +138,17 @@ def bwrap_args(launch: Launch) -> list[str]:
         *environment_args(launch),
         *system_binds(launch.rootfs or "/"),
         *etc_binds(launch),
-        "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm",
+        "--proc", "/proc", "--dev", "/dev", *quota.tmpfs_size_args(quota.SHM_MB), "--tmpfs", "/dev/shm",
         *(["--size", str(launch.tmp_size_mb * 1024 * 1024)] if launch.tmp_size_mb else []),
         "--tmpfs", "/tmp",
-        "--bind", launch.paths.workspace, WORKSPACE,
+        *workspace_args(launch),
         "--bind", launch.paths.run, RUN_DIR,
         "--ro-bind", os.path.join(launch.shared_dir, agent_file(launch)), AGENT_PATH,
         *(["--ro-bind", os.path.join(launch.shared_dir, "harness"), HARNESS_DIR] if launch.harness else []),
         *(["--ro-bind", os.path.dirname(launch.proxy_socket), PROXY_DIR] if launch.proxy_socket else []),
         "--remount-ro", "/",
         "--chdir", WORKSPACE,
+        *seccomp_args(launch),
         "--json-status-fd", "3",
         "--",
         *agent_command(launch),
@@ -152,6 +161,17 @@ def namespace_args(share_net: bool) -> list[str]:
         "--die-with-parent", "--new-session", "--cap-drop", "ALL",
         "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
     ]
+
+
+def workspace_args(launch: Launch) -> list[str]:
+    if launch.workspace_tmpfs_mb is not None:
+        return [*quota.tmpfs_size_args(launch.workspace_tmpfs_mb), "--tmpfs", WORKSPACE]
+    return ["--bind", launch.paths.workspace, WORKSPACE]
+
+
+def seccomp_args(launch: Launch) -> list[str]:
+    """bwrap reads the program from the descriptor and loads it just before it executes the agent."""
+    return ["--seccomp", str(launch.seccomp_fd)] if launch.seccomp_fd is not None else []
 
 
 def environment_args(launch: Launch) -> list[str]:

@@ -30,9 +30,10 @@ mount namespace and vanish with its last process; the host mount table never see
 Privileges: when Trove runs as root, bubblewrap runs as the unprivileged host uid `host_uid` (via setpriv),
 mapped to uid 1000 inside. Without that, uid 1000 inside would map to host root, and root owns most host
 files: a sandbox escape, or a writable bind, would act as root's file owner. When Trove runs as an ordinary
-user, or `host_uid=None`, bubblewrap runs as the current user (unprivileged user namespaces). bwrap opens
-bind sources as that uid, so `root` must be reachable by it: under a root whose parent directories are not
-searchable by `host_uid` (pytest's 0700 basetemp, say) the backend warns and runs as the current user.
+user, bubblewrap runs as the current user (unprivileged user namespaces). bwrap opens
+bind sources as the uid it runs as, so `root` must be reachable by it: a root with a parent directory that
+uid cannot pass (pytest's 0700 basetemp, a checkout under /root) is refused with an error that names the
+directory and the fix. The backend never falls back to running bubblewrap as root.
 
 Network: "none" (and "proxy-only" without a proxy socket) keeps an empty network namespace (loopback only).
 "proxy-only" with `spec.proxy_socket` binds that Unix socket's directory in (read-only; it must hold nothing
@@ -43,13 +44,15 @@ enforced locally: it is refused unless the backend was built with `allow_host_ne
 the sandbox shares the host network without filtering.
 
 Limits: memory, pids and CPU through one cgroup per sandbox per hierarchy, named `<name>.<root tag>` (see
-cgroups.py; `limits_enforced` says whether the host allows them). `disk_mb` sizes the /tmp tmpfs only; the
-workspace is a host directory without a quota.
+cgroups.py; `limits_enforced` says whether the host allows them). `disk_mb` sizes the workspace, a tmpfs
+(quota.py), and the /tmp tmpfs. Syscalls: every sandbox runs under a seccomp filter (seccomp.py); without
+libseccomp no sandbox starts.
 """
 
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import hashlib
 import json
 import logging
@@ -66,7 +69,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from workers.sandboxes import bwrap, procs
+from workers.sandboxes import bwrap, procs, quota, seccomp
 from workers.sandboxes.agent_client import AgentClient
 from workers.sandboxes.base import (
     AgentUnavailable,
@@ -121,6 +124,10 @@ class LocalBackend(SandboxBackend):
         harness_dir: str | os.PathLike[str] | None = HARNESS_EXAMPLES,
     ) -> None:
         self.root = os.path.abspath(root)
+        if os.geteuid() == 0 and host_uid is None:
+            raise SandboxError("host_uid=None while Trove runs as root would run sandboxes as host root (uid "
+                               "1000 inside mapped to it): give an unprivileged host_uid", reason="bad_host_uid",
+                               permanent=True)
         self.host_uid: int | None = host_uid if os.geteuid() == 0 else None
         self.defaults = Limits(cpu=default_cpu, memory_mb=default_memory_mb, pids=default_pids)
         self.allow_host_network = allow_host_network
@@ -132,7 +139,9 @@ class LocalBackend(SandboxBackend):
         self.limits_enforced = self.cgroups.enforced
         self.root_tag = hashlib.sha256(self.root.encode()).hexdigest()[:8]
         self.shared_dir = os.path.join(self.root, ".shared")
+        self.seccomp_program = _seccomp_program()
         self._prepare_root()
+        self.host_workspace_mounts = quota.host_mounts_work(self.shared_dir)
 
     # ------------------------------------------------------------ interface
 
@@ -213,6 +222,7 @@ class LocalBackend(SandboxBackend):
         _kill_sandbox(meta, paths)
         cgroup_dirs = sorted(set(meta.get("cgroups", [])) | set(self.cgroup_dirs(name)))
         left = kill_and_remove(cgroup_dirs, timeout=KILL_TIMEOUT)
+        _unmount_workspace(paths)
         shutil.rmtree(paths.dir, ignore_errors=True)
         problems = _leftovers(paths, meta, left)
         _sweep_supervisors()
@@ -237,6 +247,7 @@ class LocalBackend(SandboxBackend):
             os.mkdir(path, mode)
             if self.host_uid is not None:
                 os.chown(path, self.host_uid, self.host_uid)
+        self._mount_workspace(spec, paths)
         meta: dict[str, Any] = {"name": spec.name, "labels": dict(spec.labels), "secret": secrets.token_urlsafe(32),
                                 "created_at": time.time(), "network": spec.network}
         try:
@@ -258,7 +269,17 @@ class LocalBackend(SandboxBackend):
             rootfs=os.path.abspath(spec.rootfs) if spec.rootfs else "", share_net=self._share_net(spec),
             proxy_socket=self._proxy_socket(spec), tmp_size_mb=spec.disk_mb, harness=self.harness_dir is not None,
             env=tuple(sorted(spec.env.items())),
+            workspace_tmpfs_mb=None if self.host_workspace_mounts else quota.workspace_size_mb(spec.disk_mb),
         )
+
+    def _mount_workspace(self, spec: SandboxSpec, paths: bwrap.SandboxPaths) -> None:
+        """The workspace's size limit, where the host can mount: a tmpfs of disk_mb on its directory."""
+        if not self.host_workspace_mounts:
+            return  # bubblewrap mounts it inside instead (Launch.workspace_tmpfs_mb)
+        try:
+            quota.mount_workspace(paths.workspace, quota.workspace_size_mb(spec.disk_mb))
+        except quota.QuotaError as exc:
+            raise SandboxStartFailed(str(exc), reason="workspace_quota") from exc
 
     def _share_net(self, spec: SandboxSpec) -> bool:
         if spec.network in ("none", "proxy-only"):
@@ -296,10 +317,16 @@ class LocalBackend(SandboxBackend):
     def _start_supervisor(self, launch: bwrap.Launch, meta: dict[str, Any]) -> subprocess.Popen:
         setpriv = [] if self.host_uid is None else [
             self.setpriv, f"--reuid={self.host_uid}", f"--regid={self.host_uid}", "--clear-groups", "--"]
-        argv = bwrap.supervisor_argv(launch, cgroup_dirs=meta["cgroups"], bwrap=self.bwrap_path, setpriv=setpriv)
-        with open(launch.paths.log, "wb") as log:
-            supervisor = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                                          start_new_session=True, env={"PATH": "/usr/bin:/bin"})
+        launch = dataclasses.replace(launch, seccomp_fd=seccomp.program_fd(self.seccomp_program))
+        try:
+            argv = bwrap.supervisor_argv(launch, cgroup_dirs=meta["cgroups"], bwrap=self.bwrap_path,
+                                         setpriv=setpriv)
+            with open(launch.paths.log, "wb") as log:
+                supervisor = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                              start_new_session=True, env={"PATH": "/usr/bin:/bin"},
+                                              pass_fds=(launch.seccomp_fd,))
+        finally:
+            os.close(launch.seccomp_fd)  # type: ignore[arg-type]  # the supervisor holds its own copy
         with _supervisors_lock:
             _supervisors[launch.paths.dir] = supervisor
         assert supervisor.stdin is not None
@@ -377,8 +404,9 @@ class LocalBackend(SandboxBackend):
         return bwrap.SandboxPaths(os.path.join(self.root, name))
 
     def _prepare_root(self) -> None:
-        """Create `root` and the shared files (agent, compiled agent, /etc files). If the sandbox uid cannot
-        reach `root` (bwrap opens bind sources as that uid), warn and run bwrap as the current user."""
+        """Create `root` and the shared files (agent, compiled agent, /etc files). Raises SandboxError if the
+        uid bubblewrap runs as cannot reach `root` (see _check_root_reachable)."""
+        _make_passable_dirs(self.root)
         os.makedirs(os.path.join(self.shared_dir, "etc"), exist_ok=True)
         os.chmod(self.root, 0o711)
         for directory in (self.shared_dir, os.path.join(self.shared_dir, "etc")):
@@ -390,15 +418,17 @@ class LocalBackend(SandboxBackend):
             _install(os.path.join(self.shared_dir, "etc", filename), text.encode())
         if self.harness_dir is not None:
             self._install_harnesses(Path(self.harness_dir))
-        blocked = _untraversable_ancestor(self.root, self.host_uid) if self.host_uid is not None else None
-        if blocked:
-            logger.warning(
-                "sandbox root %s: %s is not searchable by the sandbox uid %s, so bubblewrap cannot run as that "
-                "uid; sandboxes under this root run as the current user instead (uid 1000 inside maps to it). "
-                "Choose a root whose parent directories are world-searchable (o+x) to keep the privilege drop.",
-                self.root, blocked, self.host_uid)
-            self.host_uid = None
+        self._check_root_reachable()
 
+    def _check_root_reachable(self) -> None:
+        """bwrap opens the sandbox's bind sources as the unprivileged uid it runs as: a root that uid cannot
+        reach is refused. Never fall back to running bwrap as root (uid 1000 inside would be host root)."""
+        if self.host_uid is None:
+            return  # not root: bwrap runs as the current user, who made the root
+        blocked = _untraversable_ancestor(self.root, self.host_uid)
+        if blocked:
+            raise SandboxError(unreachable_root_message(self.root, blocked, self.host_uid),
+                               reason="sandbox_root_unreachable", permanent=True)
 
     def _install_harnesses(self, source: Path) -> None:
         target = os.path.join(self.shared_dir, "harness")
@@ -654,6 +684,49 @@ def _compile_agent(python: str, source: str) -> None:
     if done.returncode != 0:
         raise SandboxError(f"cannot compile the agent with {python}: {done.stderr.strip()}",
                            reason="agent_compile", permanent=True)
+
+
+def _unmount_workspace(paths: bwrap.SandboxPaths) -> None:
+    """Every destroy unmounts (a creator may have died between mount and meta); a failure is reported by
+    _leftovers as the mount left."""
+    try:
+        quota.unmount_workspace(paths.workspace)
+    except quota.QuotaError as exc:
+        logger.warning("%s", exc)
+
+
+def _seccomp_program() -> bytes:
+    """The sandboxes' seccomp filter; without one no sandbox may start (fail closed)."""
+    try:
+        return seccomp.sandbox_filter()
+    except seccomp.SeccompUnavailable as exc:
+        raise SandboxError(str(exc), reason="seccomp_unavailable", permanent=True) from exc
+
+
+def unreachable_root_message(root: str, blocked: str, uid: int) -> str:
+    st = os.stat(blocked)
+    return (f"sandbox root {root} cannot be used: {blocked} (mode {stat.S_IMODE(st.st_mode):04o}, owner uid "
+            f"{st.st_uid}) does not let uid {uid} pass, and bubblewrap runs as that unprivileged uid (it opens "
+            "the sandbox's files as it). Trove will not run sandboxes as root instead. Fix: `chmod o+x "
+            f"{blocked}` (others may pass through it, not list it), or set TROVE_SANDBOX_ROOT to a directory "
+            "whose parents every user may pass, such as one under /var/lib/trove-sandboxes (the default when "
+            "Trove runs as root).")
+
+
+def _make_passable_dirs(root: str) -> None:
+    """Create the missing directories down to `root` as 0711 (mkdir's mode is cut by the umask; a umask of
+    077 would leave them closed to the sandbox uids). Existing ones are left as they are."""
+    missing = []
+    path = root
+    while not os.path.exists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            continue  # another process made it meanwhile
+        os.chmod(directory, 0o711)
 
 
 def _untraversable_ancestor(path: str, uid: int) -> str | None:
