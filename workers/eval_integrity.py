@@ -100,9 +100,10 @@ unset PYTHONSTARTUP PYTHONINSPECT BASH_ENV ENV CDPATH
 
 
 def protected_roots(task) -> list[str]:
-    """Workspace paths removed before the evaluation: the protected paths and the hidden files' paths."""
-    roots = [_normal(path) for path in task.protected_paths]
-    return sorted({*roots, *(_normal(path) for path in task.eval_files)})
+    """Workspace paths removed before the evaluation: the protected paths and the hidden files' paths.
+    Only paths inside the workspace (the importer refuses others; a row written another way is not trusted)."""
+    roots = {_normal(path) for path in [*task.protected_paths, *task.eval_files]}
+    return sorted(root for root in roots if root not in (".", "..") and not root.startswith(("/", "../")))
 
 
 def restored_files(task) -> dict[str, str]:

@@ -11,6 +11,11 @@ One task per line (blank lines are skipped):
                                  workspace: pack with `tar -C repo -czf - .`); text files only; `files`
                                  entries are written over it
     setup_commands     optional  list of shell commands run before the harness
+    protected_paths    optional  workspace paths (a directory ends in "/", default ["tests/"]) that the
+                                 evaluation removes and writes back from `files`: whatever the agent did
+                                 to them, the evaluation sees the task's own
+    eval_files         optional  {relative path: text} hidden evaluation files (e.g. the FAIL_TO_PASS tests):
+                                 never in the agent's workspace, written only for the evaluation
     eval_timeout_s     optional  seconds (default 60)
     title, difficulty  optional
     FAIL_TO_PASS, PASS_TO_PASS   optional lists of test ids (or SWE-bench's JSON-encoded strings), kept in
@@ -38,8 +43,9 @@ from webapp.rollouts.models import Task, TaskSet
 REQUIRED = ("instance_id", "problem_statement", "eval_command")
 OWN_FIELDS = {
     "instance_id", "problem_statement", "eval_command", "success_exit_code", "files", "snapshot_b64",
-    "setup_commands", "eval_timeout_s", "title", "difficulty",
+    "setup_commands", "eval_timeout_s", "title", "difficulty", "protected_paths", "eval_files",
 }
+MAX_PROTECTED_PATHS = 1000
 TEST_LISTS = ("FAIL_TO_PASS", "PASS_TO_PASS")
 MAX_ERRORS_SHOWN = 20
 MAX_TASKS = 100_000
@@ -157,6 +163,8 @@ def _task_from_line(raw: str | None) -> dict:
         "eval_timeout_s": _integer(record, "eval_timeout_s", default=60, low=1, high=MAX_EVAL_TIMEOUT_S),
         "setup_commands": _commands(record),
         "files": _workspace_files(record),
+        "protected_paths": _protected_paths(record),
+        "eval_files": _eval_files(record),
         "title": _text(record, "title", max_length=300, required=False),
         "difficulty": _text(record, "difficulty", max_length=16, required=False),
         "metadata": _metadata(record),
@@ -219,6 +227,27 @@ def _workspace_files(record: dict) -> dict[str, str]:
     size = sum(len(text) for text in files.values())
     if size > settings.TROVE_MAX_CONTENT_CHARS:
         raise _Invalid("files", f"hold {size} characters, more than the limit of {settings.TROVE_MAX_CONTENT_CHARS}")
+    return files
+
+
+def _protected_paths(record: dict) -> list[str]:
+    value = record.get("protected_paths", ["tests/"])
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise _Invalid("protected_paths", "must be a list of relative paths")
+    if len(value) > MAX_PROTECTED_PATHS:
+        raise _Invalid("protected_paths", f"holds more than {MAX_PROTECTED_PATHS} paths")
+    # A directory keeps its trailing slash: it says "everything under it".
+    return [_safe_path("protected_paths", p) + ("/" if p.rstrip().endswith("/") else "") for p in value]
+
+
+def _eval_files(record: dict) -> dict[str, str]:
+    given = record.get("eval_files", {})
+    if not isinstance(given, dict) or not all(isinstance(t, str) for t in given.values()):
+        raise _Invalid("eval_files", "must be an object of {relative path: text}")
+    files = {_safe_path("eval_files", path): text for path, text in given.items()}
+    size = sum(len(text) for text in files.values())
+    if size > settings.TROVE_MAX_CONTENT_CHARS:
+        raise _Invalid("eval_files", f"hold {size} characters, more than the limit of {settings.TROVE_MAX_CONTENT_CHARS}")
     return files
 
 

@@ -123,3 +123,31 @@ def test_the_import_tasks_command_names_each_bad_line_and_writes_nothing(tmp_pat
     err = capsys.readouterr().err
     assert "line 2: field 'eval_command' is empty" in err and "line 3: is not valid JSON" in err
     assert not TaskSet.objects.exists()
+
+
+def test_protected_paths_and_hidden_evaluation_files_are_kept_apart_from_the_workspace():
+    hidden = {"tests/test_fail_to_pass.py": "def test_x():\n    assert False\n"}
+    records = [swe_task("a", files={"tests/test_a.py": "t\n"}, protected_paths=["tests/", "./conftest.py"],
+                        eval_files=hidden),
+               swe_task("b")]
+
+    task_set = taskset_import_jsonl(name="hidden", fileobj=jsonl(*records))
+
+    a, b = task_set.tasks.order_by("key")
+    assert a.protected_paths == ["tests/", "conftest.py"] and a.eval_files == hidden
+    assert "tests/test_fail_to_pass.py" not in a.files and "eval_files" not in a.metadata
+    assert b.protected_paths == ["tests/"] and b.eval_files == {}
+
+
+@pytest.mark.parametrize(("fields", "error"), [
+    ({"protected_paths": "tests/"}, "field 'protected_paths' must be a list of relative paths"),
+    ({"protected_paths": ["../outside"]}, "field 'protected_paths' path '../outside' must be relative"),
+    ({"protected_paths": ["."]}, "field 'protected_paths' path '.' must be relative"),
+    ({"eval_files": ["tests/x.py"]}, "field 'eval_files' must be an object of {relative path: text}"),
+    ({"eval_files": {"/etc/passwd": "x"}}, "field 'eval_files' path '/etc/passwd' must be relative"),
+])
+def test_bad_protected_paths_or_eval_files_are_refused_naming_the_field(fields, error):
+    with pytest.raises(TaskSetImportError) as caught:
+        taskset_import_jsonl(name="bad-hidden", fileobj=jsonl(swe_task("a", **fields)))
+    assert error in str(caught.value)
+    assert not TaskSet.objects.filter(name="bad-hidden").exists()
