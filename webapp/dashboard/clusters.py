@@ -16,12 +16,25 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from experience.errors import NotFound, TroveError
-from experience.services.dedup import cluster_get, cluster_list, cluster_members, cluster_merge, cluster_split
+from experience.services.dedup import (
+    OUTCOME_FILTERS,
+    cluster_get,
+    cluster_list,
+    cluster_members,
+    cluster_merge,
+    cluster_split,
+)
 from webapp.api.ranges import ID_MAX
 from webapp.api.trajectories import CURATE_PERMISSION
 from webapp.dashboard.forms import form_errors
 
 SIDE_BY_SIDE = 12  # members drawn as columns; more would not fit a screen
+
+
+class ClusterFilterForm(forms.Form):
+    outcomes = forms.ChoiceField(
+        choices=[("", "any outcomes"), *((name, f"{name} outcomes") for name in OUTCOME_FILTERS)], required=False
+    )
 
 
 class SplitForm(forms.Form):
@@ -37,7 +50,13 @@ class MergeForm(forms.Form):
 
 @login_required
 def cluster_index(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard/clusters.html", {"clusters": cluster_list()})
+    """The clusters, optionally only those whose runs' outcomes differ (`?outcomes=mixed`) or agree."""
+    form = ClusterFilterForm(request.GET)
+    if not form.is_valid():
+        return render(request, "dashboard/clusters.html", {"clusters": [], "form": form,
+                                                           "error": form_errors(form)}, status=400)
+    outcomes = form.cleaned_data["outcomes"] or None
+    return render(request, "dashboard/clusters.html", {"clusters": cluster_list(outcomes=outcomes), "form": form})
 
 
 @login_required

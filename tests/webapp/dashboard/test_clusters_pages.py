@@ -157,3 +157,22 @@ def test_the_explorer_similar_link_ranks_through_the_dedup_service(runs, researc
 
     shown = [int(i) for i in re.findall(r'<tr data-id="(\d+)"', body)]
     assert set(shown) == set(marshmallow[1:]) and other not in shown
+
+
+def test_the_clusters_page_marks_and_filters_mixed_outcome_clusters(runs, researcher):
+    marshmallow, (twin_a, twin_b), _ = runs  # the twins: the same actions, one failed, one succeeded
+    twins = Trajectory.objects.get(pk=twin_a).cluster_id
+    big = Trajectory.objects.get(pk=marshmallow[0]).cluster_id
+
+    everything = researcher.get("/clusters/").content.decode()
+    mixed = researcher.get("/clusters/", {"outcomes": "mixed"}).content.decode()
+    same = researcher.get("/clusters/", {"outcomes": "same"}).content.decode()
+    bad = researcher.get("/clusters/", {"outcomes": "sometimes"})
+
+    assert f'<tr data-id="{twins}" class="mixed-outcomes">' in everything and f'<tr data-id="{big}">' in everything
+    assert f'data-id="{twins}"' in mixed and f'data-id="{big}"' not in mixed
+    assert f'data-id="{big}"' in same and f'data-id="{twins}"' not in same
+    assert bad.status_code == 400 and "outcomes" in bad.content.decode()
+    page = researcher.get(f"/clusters/{twins}/").content.decode()
+    assert 'id="mixed-outcomes"' in page and "kept: another outcome" in page
+    assert member_ids(researcher.get(f"/clusters/{twins}/"))[0] == twin_b  # the success is the canonical
