@@ -186,14 +186,17 @@ def create_bench_rollouts(upstream_v1: str, count: int) -> dict[str, Any]:
 
     from experience.records import TrajectoryRecord
     from experience.services.ingest import trajectory_open
-    from webapp.rollouts.models import Rollout
+    from webapp.rollouts.endpoints import endpoint_register
+    from webapp.rollouts.models import Rollout, new_rollout_token
     from webapp.rollouts.services import job_create, rollout_start
     from workers.seed import seed_demo_task_set, seed_local_fleet
 
     fleet = seed_local_fleet(name=f"bench-proxy-{uuid.uuid4().hex[:8]}", min_warm=0, max_warm=0, max_total=1)
     task_set = seed_demo_task_set()
     task_key = task_set.tasks.order_by("key").values_list("key", flat=True)[0]
-    job = job_create(task_set=task_set, fleet=fleet, model_base_url=upstream_v1, model_name=MODEL,
+    endpoint = endpoint_register(name=f"bench-proxy-{uuid.uuid4().hex[:8]}", base_url=upstream_v1, protocol="chat",
+                                 model_names=[MODEL], allow_private_network=True)  # the mock upstream is on loopback
+    job = job_create(task_set=task_set, fleet=fleet, endpoint=endpoint, model_name=MODEL,
                      name="benchmarks/proxy_overhead.py", samples_per_task=count, task_keys=[task_key],
                      enqueue=lambda rollout_id: None)
     tokens = []
@@ -204,8 +207,9 @@ def create_bench_rollouts(upstream_v1: str, count: int) -> dict[str, Any]:
             source="rollout", source_format="trove-rollout", source_ref=f"bench:{rollout.pk}:{uuid.uuid4().hex}",
             task_key=rollout.task.key, harness="benchmark", model=MODEL, status="running",
             started_at=datetime.now(UTC)))
-        Rollout.objects.filter(pk=rollout.pk).update(trajectory=trajectory)
-        tokens.append(rollout.token)
+        token, token_hash = new_rollout_token()  # the database keeps the hash; the load generator sends the token
+        Rollout.objects.filter(pk=rollout.pk).update(trajectory=trajectory, token=token_hash)
+        tokens.append(token)
     return {"job_id": job.pk, "fleet_id": fleet.pk, "tokens": tokens}
 
 
@@ -265,7 +269,7 @@ def _counting_app(upstream_url: str) -> tuple[Any, Any, Any]:
         counted[0] += len(batch)
 
     sink = InProcessSink(count)
-    target = Target("bench-rollout", "bench-trajectory", f"{upstream_url}/v1", "sk-upstream")
+    target = Target("bench-rollout", "bench-trajectory", f"{upstream_url}/v1", "sk-upstream", allow_private_network=True)
 
     async def resolve(token: str) -> Target | None:
         return target if token == TOKEN else None

@@ -161,7 +161,7 @@ def stop_worker(process: subprocess.Popen) -> None:
 def run_job(args: argparse.Namespace, model_url: str):
     from webapp.rollouts.models import RolloutJob
     from webapp.rollouts.services import job_create
-    from workers.seed import DEMO_MODEL_NAME, seed_demo_task_set, seed_local_fleet
+    from workers.seed import DEMO_MODEL_NAME, seed_demo_endpoint, seed_demo_task_set, seed_local_fleet
     from workers.tasks.rollouts import enqueue_rollout
 
     task_set = seed_demo_task_set()
@@ -169,7 +169,7 @@ def run_job(args: argparse.Namespace, model_url: str):
     samples = -(-args.rollouts // len(keys))
     fleet = seed_local_fleet(name="bench", min_warm=0, max_warm=0, max_total=args.workers * args.concurrency * 2)
     started = time.perf_counter()
-    job = job_create(task_set=task_set, fleet=fleet, model_base_url=model_url, model_name=DEMO_MODEL_NAME,
+    job = job_create(task_set=task_set, fleet=fleet, endpoint=seed_demo_endpoint(model_url), model_name=DEMO_MODEL_NAME,
                      samples_per_task=samples, task_keys=keys, max_steps=20, enqueue=enqueue_rollout,
                      concurrency=args.workers * args.concurrency)
     deadline = time.monotonic() + args.timeout
@@ -227,7 +227,7 @@ def count_queries(job, model_url: str, n: int) -> dict:
     from webapp.rollouts.services import job_create
     from workers.rollout_runner import rollout_run
 
-    extra = job_create(task_set=job.task_set, fleet=job.fleet, model_base_url=model_url, model_name=job.model_name,
+    extra = job_create(task_set=job.task_set, fleet=job.fleet, endpoint=job.endpoint, model_name=job.model_name,
                        samples_per_task=n, task_keys=[job.rollouts.first().task.key], max_steps=20,
                        enqueue=lambda rollout_id: None)
     counts, seconds = [], []

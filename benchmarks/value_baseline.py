@@ -46,7 +46,7 @@ def run_demo_job(samples: int, max_steps: int, concurrency: int) -> int:
     """A real demo rollout job, as `manage.py demo` runs it; returns the job id once it has ended."""
     from webapp.rollouts.models import RolloutJob
     from webapp.rollouts.services import job_create
-    from workers.seed import DEMO_MODEL_NAME, seed_demo_task_set, seed_local_fleet
+    from workers.seed import DEMO_MODEL_NAME, seed_demo_endpoint, seed_demo_task_set, seed_local_fleet
     from workers.stack import start_embedded_stack
     from workers.tasks.fleets import reconcile_all
     from workers.tasks.rollouts import enqueue_rollout
@@ -57,7 +57,7 @@ def run_demo_job(samples: int, max_steps: int, concurrency: int) -> int:
     try:
         model_url = f"{stack.demo_model_url.rstrip('/').removesuffix('/v1')}/v1"
         reconcile_all()
-        job = job_create(task_set=task_set, fleet=fleet, model_base_url=model_url, model_name=DEMO_MODEL_NAME,
+        job = job_create(task_set=task_set, fleet=fleet, endpoint=seed_demo_endpoint(model_url), model_name=DEMO_MODEL_NAME,
                          samples_per_task=samples, max_steps=max_steps, concurrency=concurrency,
                          name=f"value baseline benchmark: {task_set.name} x {samples}", enqueue=enqueue_rollout)  # fmt: skip
         started, shown = time.monotonic(), -1

@@ -5,10 +5,10 @@ Example::
     from trove_client import TroveClient
 
     trove = TroveClient("http://127.0.0.1:8000", token="<your API token>")
+    print([e["name"] for e in trove.list_endpoints()])   # model endpoints an admin or ops registered
     job = trove.submit_job(
         task_set="demo-python-bugfix", fleet="local-demo",
-        model_base_url="http://127.0.0.1:8002/v1", model_name="my-policy",
-        api_key_ref="env:MY_POLICY_KEY",          # a reference to the key, never the key itself
+        endpoint="my-policy-server", model_name="my-policy",   # the endpoint holds the URL and the key
         samples_per_task=8, sampling="adaptive", adaptive_first_round=2,
         max_steps=30, concurrency=8,
     )
@@ -54,12 +54,15 @@ class TroveClient:
 
     # --- jobs --------------------------------------------------------------------------------------
 
-    def submit_job(self, *, task_set: str, fleet: str, model_base_url: str, model_name: str,
+    def submit_job(self, *, task_set: str, fleet: str, endpoint: str, model_name: str | None = None,
                    samples_per_task: int = 1, sampling: str = "uniform", **options: Any) -> dict:
-        """Start a rollout job. Options: name, task_keys, harness, harness_command, api_key_ref, max_steps,
+        """Start a rollout job against the registered model endpoint `endpoint` (see list_endpoints) and one of
+        its models (default: its first). Options: name, task_keys, harness, harness_command, max_steps,
         max_tokens, wall_time_s, concurrency, adaptive_first_round. Returns the job with its status."""
-        body = {"task_set": task_set, "fleet": fleet, "model_base_url": model_base_url, "model_name": model_name,
-                "samples_per_task": samples_per_task, "sampling": sampling, **options}
+        body = {"task_set": task_set, "fleet": fleet, "endpoint": endpoint, "samples_per_task": samples_per_task,
+                "sampling": sampling, **options}
+        if model_name:
+            body["model_name"] = model_name
         return self._request("POST", "/api/v1/jobs/", body)
 
     def job_status(self, job_id: int) -> dict:
@@ -106,6 +109,20 @@ class TroveClient:
 
     def cancel_rollout(self, rollout_id: int) -> dict:
         return self._request("POST", f"/api/v1/rollouts/{rollout_id}/cancel/", {})
+
+    # --- model endpoints -----------------------------------------------------------------------------
+
+    def list_endpoints(self) -> list[dict]:
+        """The registered model endpoints a job may name (first page): name, protocol, model_names, ..."""
+        return self._request("GET", "/api/v1/endpoints/")["results"]
+
+    def register_endpoint(self, *, name: str, base_url: str, model_names: list[str], protocol: str = "chat",
+                          key_ref: str = "", allow_private_network: bool = False, description: str = "") -> dict:
+        """Register a model endpoint (needs an ops token: `endpoints:write`). `key_ref` says where the key lives
+        (env:TROVE_MODEL_KEY_... or file:NAME in the server's secrets directory), never the key itself."""
+        return self._request("POST", "/api/v1/endpoints/", {
+            "name": name, "base_url": base_url, "model_names": model_names, "protocol": protocol,
+            "key_ref": key_ref, "allow_private_network": allow_private_network, "description": description})
 
     # --- trajectories --------------------------------------------------------------------------------
 

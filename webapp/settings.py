@@ -8,6 +8,7 @@ Two ways to run, one code path:
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -197,6 +198,13 @@ TROVE_PROXY_SOCKET = env_str("TROVE_PROXY_SOCKET", str(sandbox_host_dir(VAR_DIR)
 TROVE_PROXY_SPOOL_DIR = Path(env_str("TROVE_PROXY_SPOOL_DIR") or VAR_DIR / "proxy-spool")
 # The Redis stream of proxy records; empty: named after the database (webapp/proxy/locations.py).
 TROVE_PROXY_STREAM = env_str("TROVE_PROXY_STREAM", "") or ""
+# Where a registered model endpoint's key may come from (webapp/rollouts/endpoints.py): an environment variable
+# whose name starts with this prefix, or a file directly inside this directory (empty: no file keys).
+TROVE_MODEL_KEY_ENV_PREFIX = env_str("TROVE_MODEL_KEY_ENV_PREFIX", "TROVE_MODEL_KEY_") or ""
+if not re.fullmatch(r"[A-Z][A-Z0-9_]{3,}_", TROVE_MODEL_KEY_ENV_PREFIX):
+    raise ConfigError("TROVE_MODEL_KEY_ENV_PREFIX must be upper case, at least 5 characters, ending in '_' "
+                      f"(got {TROVE_MODEL_KEY_ENV_PREFIX!r}): it is what keeps SECRET_KEY out of a key reference")
+TROVE_MODEL_SECRETS_DIR = env_str("TROVE_MODEL_SECRETS_DIR", "") or ""
 TROVE_DEMO_MODEL_PORT = env_int("TROVE_DEMO_MODEL_PORT", 8002)
 TROVE_DEMO_SERVE = env_str("DEMO_SERVE", "1")
 TROVE_ROLLOUT_HEARTBEAT_S = env_int("TROVE_ROLLOUT_HEARTBEAT_S", 10)

@@ -229,6 +229,7 @@ def _open_trajectory(rollout: Rollout):
         harness=job.harness, model=job.model_name, status="running", started_at=now(),
         metadata={"job_id": job.pk, "rollout_id": rollout.pk, "sample_index": rollout.sample_index,
                   "attempt": rollout.attempt, "fleet": job.fleet.name, "harness_command": job.harness_command,
+                  "model_endpoint": job.endpoint.name, "model_protocol": job.endpoint.protocol,
                   "template": str(job.fleet.template), "template_spec_hash": job.fleet.template.spec_hash},
     ))
 
@@ -302,7 +303,7 @@ class Attempt:
         rollout, job, lease, clock = self.rollout, self.job, self.held(), self.clock
         calls = {"n": 0}
         base_chat = openai_chat(
-            f"{settings.TROVE_PROXY_PUBLIC_URL}/r/{rollout.token}/v1", job.model_name, "trove-rollout-token",
+            f"{settings.TROVE_PROXY_PUBLIC_URL}/r/{rollout.proxy_token}/v1", job.model_name, "trove-rollout-token",
             seed=_seed(rollout), timeout=120,
         )
 
@@ -342,7 +343,7 @@ class Attempt:
     def run_external(self) -> int:
         rollout, job, lease = self.rollout, self.job, self.held()
         setup = external.HarnessSetup(
-            base_url=_external_base_url(job.fleet) + f"/r/{rollout.token}/v1", model=job.model_name,
+            base_url=_external_base_url(job.fleet) + f"/r/{rollout.proxy_token}/v1", model=job.model_name,
             seed=_seed(rollout), task_key=rollout.task.key, rollout_id=rollout.pk, max_steps=job.max_steps,
             max_tokens=job.max_tokens,
         )

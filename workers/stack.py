@@ -63,6 +63,11 @@ def prepare_proxy_socket(path: str | None) -> str | None:
     return path
 
 
+def demo_model_v1(url: str) -> str:
+    """The demo model's base URL in the OpenAI convention (with /v1), as an endpoint registers it."""
+    return f"{url.rstrip('/').removesuffix('/v1')}/v1"
+
+
 def start_demo_model(*, host: str = "127.0.0.1", port: int = 0):
     from workers.demo.model import serve_in_thread
 
@@ -82,6 +87,9 @@ def start_embedded_stack(*, worker: bool | None = None, demo_model: bool = True,
         url, stop_model = start_demo_model(port=settings.TROVE_DEMO_MODEL_PORT)
         stack.demo_model_url = url
         stack.stoppers.append(stop_model)
+        from workers.seed import seed_demo_endpoint
+
+        seed_demo_endpoint(demo_model_v1(url))  # jobs name it as `demo-model`
     if worker:
         from workers.embedded import start_embedded_worker, stop_embedded_worker
 

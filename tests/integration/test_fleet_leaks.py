@@ -21,7 +21,7 @@ from tests.webapp.fleets.fleet_factories import (  # noqa: F401 (pool_backend is
     transitions_of,
     wait_until,
 )
-from tests.webapp.rollouts.jobs_factories import Enqueued, make_task_set
+from tests.webapp.rollouts.jobs_factories import Enqueued, make_endpoint, make_task_set
 from webapp.fleets import services
 from webapp.fleets.errors import StaleFencingToken
 from webapp.fleets.models import Fleet, Sandbox, SandboxEvent
@@ -47,7 +47,7 @@ def assert_no_trace(backend, name: str) -> None:
 
 def running_rollout(fleet: Fleet, lease: fleet_ops.Lease) -> Rollout:
     """A rollout in the middle of its run on `lease`, as the runner leaves it."""
-    job = job_create(task_set=make_task_set(["t"]), fleet=fleet, model_base_url="http://127.0.0.1:9/v1",
+    job = job_create(task_set=make_task_set(["t"]), fleet=fleet, endpoint=make_endpoint(model_names=["m"]),
                      model_name="m", enqueue=Enqueued())
     rollout = rollout_start(rollout_id=job.rollouts.get().pk, worker="worker-1")
     Rollout.objects.filter(pk=rollout.pk).update(sandbox=lease.sandbox)

@@ -17,7 +17,7 @@ from tests.webapp.fleets.fleet_factories import (  # noqa: F401 (kube_pool is a 
     transitions_of,
     wait_until,
 )
-from tests.webapp.rollouts.jobs_factories import Enqueued, make_task_set
+from tests.webapp.rollouts.jobs_factories import Enqueued, make_endpoint, make_task_set
 from webapp.fleets import services
 from webapp.fleets.errors import StaleFencingToken
 from webapp.fleets.models import Sandbox, SandboxEvent
@@ -58,7 +58,7 @@ def test_a_pod_deleted_behind_the_reconcilers_back_is_lost_and_its_rollout_told(
     wait_until(lambda: fleet_reconcile(fleet=fleet)["adopted"] or Sandbox.objects.filter(fleet=fleet, state=S.WARM).exists(),
                what="a warm sandbox")
     lease = fleet_ops.sandbox_claim(fleet=fleet, holder="rollout:worker-1")
-    job = job_create(task_set=make_task_set(["t"]), fleet=fleet, model_base_url="http://127.0.0.1:9/v1",
+    job = job_create(task_set=make_task_set(["t"]), fleet=fleet, endpoint=make_endpoint(model_names=["m"]),
                      model_name="m", enqueue=Enqueued())
     rollout = rollout_start(rollout_id=job.rollouts.get().pk, worker="worker-1")
     Rollout.objects.filter(pk=rollout.pk).update(sandbox=lease.sandbox)

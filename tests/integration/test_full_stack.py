@@ -12,6 +12,7 @@ from webapp.fleets.models import Sandbox
 from webapp.rollouts.models import Rollout, RolloutJob
 from webapp.rollouts.services import job_create
 from workers.sandboxes.local import LocalBackend
+from workers.seed import seed_demo_endpoint
 from workers.tasks.rollouts import enqueue_rollout
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -32,7 +33,7 @@ def wait_for_job(job: RolloutJob, timeout: float = 240) -> RolloutJob:
 def test_a_small_job_completes_with_recorded_trajectories_and_leaves_no_sandbox(
     celery_worker_process, demo_model_url, demo_task_set, demo_fleet, sandbox_root, admin_client
 ):
-    job = job_create(task_set=demo_task_set, fleet=demo_fleet, model_base_url=demo_model_url,
+    job = job_create(task_set=demo_task_set, fleet=demo_fleet, endpoint=seed_demo_endpoint(demo_model_url),
                      model_name="trove-demo-stand-in", samples_per_task=2, task_keys=TASKS, max_steps=20,
                      enqueue=enqueue_rollout)
     wait_for_job(job)

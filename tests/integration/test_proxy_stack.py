@@ -79,8 +79,8 @@ def test_calls_land_as_model_call_steps_once_the_ingest_task_has_run(stack_proxy
     server, sink = stack_proxy
     plain, streamed = new_call_id(), new_call_id()
 
-    assert chat(server, rollout.token, call_id=plain).status == 200
-    reply = chat(server, rollout.token, STREAM_BODY, call_id=streamed)
+    assert chat(server, rollout.proxy_token, call_id=plain).status == 200
+    reply = chat(server, rollout.proxy_token, STREAM_BODY, call_id=streamed)
     assert sink.flush(10)
     waiting_in_the_stream = full_stack.xlen(proxy_stream())
     report = ingest_proxy_records(max_seconds=10)
@@ -109,7 +109,7 @@ def test_with_redis_down_calls_are_spooled_then_drained_once_it_is_back_and_each
     redis_server = None
     try:
         made = [new_call_id() for _ in range(6)]
-        statuses = [chat(server, rollout.token, call_id=call_id).status for call_id in made]
+        statuses = [chat(server, rollout.proxy_token, call_id=call_id).status for call_id in made]
         assert sink.flush(10)
         spooled, while_down = sink.spooled, ingest_proxy_records(max_seconds=2)
 
@@ -133,7 +133,7 @@ def test_records_delivered_again_add_no_steps(stack_proxy, rollout, full_stack):
     server, sink = stack_proxy
     made = [new_call_id() for _ in range(3)]
     for call_id in made:
-        chat(server, rollout.token, call_id=call_id)
+        chat(server, rollout.proxy_token, call_id=call_id)
     assert sink.flush(10)
     stream = proxy_stream()
     entries = [fields for _, fields in full_stack.xrange(stream)]
@@ -163,10 +163,10 @@ def test_records_delivered_again_add_no_steps(stack_proxy, rollout, full_stack):
 def test_a_finished_rollouts_token_gets_401_at_once_and_its_earlier_calls_are_kept(stack_proxy, rollout):
     server, sink = stack_proxy
     before = new_call_id()
-    assert chat(server, rollout.token, call_id=before).status == 200
+    assert chat(server, rollout.proxy_token, call_id=before).status == 200
 
     finish(rollout)
-    after = chat(server, rollout.token)
+    after = chat(server, rollout.proxy_token)
     assert sink.flush(10)
     ingest_proxy_records(max_seconds=10)
 
@@ -178,7 +178,7 @@ def test_a_runner_waiting_for_its_calls_stores_them_itself(stack_proxy, rollout,
     server, sink = stack_proxy
     made = [new_call_id() for _ in range(4)]
     for call_id in made:
-        chat(server, rollout.token, call_id=call_id)
+        chat(server, rollout.proxy_token, call_id=call_id)
 
     handed, deadline = 0, time.monotonic() + 30
     while len(call_ids(rollout)) < 4 and time.monotonic() < deadline:  # as the runner waits (no sink flush)
@@ -195,8 +195,8 @@ def test_a_record_whose_trajectory_is_gone_goes_to_the_dead_letter_stream_and_th
     server, sink = stack_proxy
     doomed = running_rollout(upstream_v1=f"{upstream.url}/v1")
     kept, lost = new_call_id(), new_call_id()
-    chat(server, rollout.token, call_id=kept)
-    chat(server, doomed.token, call_id=lost)
+    chat(server, rollout.proxy_token, call_id=kept)
+    chat(server, doomed.proxy_token, call_id=lost)
     assert sink.flush(10)
     Trajectory.objects.filter(pk=doomed.trajectory_id).delete()
 
@@ -272,7 +272,7 @@ def test_a_batch_cut_off_mid_send_is_spooled_whole_and_each_call_is_stored_once(
     server, sink = stack_proxy
     made = [new_call_id() for _ in range(5)]
     for call_id in made:
-        assert chat(server, rollout.token, call_id=call_id).status == 200
+        assert chat(server, rollout.proxy_token, call_id=call_id).status == 200
     assert sink.flush(10)
     # The sink sent the five as batch entries (how many depends on when its writer woke up).
     entries = full_stack.xrange(proxy_stream())
@@ -306,7 +306,7 @@ def test_calls_a_killed_runner_had_read_are_taken_over_and_stored(stack_proxy, r
     server, sink = stack_proxy
     made = [new_call_id() for _ in range(3)]
     for call_id in made:
-        assert chat(server, rollout.token, call_id=call_id).status == 200
+        assert chat(server, rollout.proxy_token, call_id=call_id).status == 200
     assert sink.flush(10)
     full_stack.xgroup_create(proxy_stream(), INGEST_GROUP, id="0", mkstream=True)
     full_stack.xreadgroup(INGEST_GROUP, "runner:killed", {proxy_stream(): ">"})  # read, never acknowledged

@@ -22,6 +22,7 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from experience.models import Step, Trajectory
+from tests.webapp.rollouts.jobs_factories import make_endpoint
 from webapp.celery import app as celery_app
 from webapp.fleets.models import Sandbox
 from webapp.proxy.wiring import ingest_pending_records
@@ -130,7 +131,8 @@ class PrivateRedis:
 
 
 def demo_job(task_set, fleet, upstream_url, *, enqueue, task_keys, samples=1, **options) -> RolloutJob:
-    return job_create(task_set=task_set, fleet=fleet, model_base_url=upstream_url, model_name=MODEL,
+    return job_create(task_set=task_set, fleet=fleet, endpoint=make_endpoint(upstream_url, model_names=[MODEL]),
+                      model_name=MODEL,
                       samples_per_task=samples, task_keys=task_keys, enqueue=enqueue, **options)
 
 

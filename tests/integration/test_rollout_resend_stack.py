@@ -13,6 +13,7 @@ from webapp.celery import app
 from webapp.rollouts.models import Rollout, RolloutJob
 from webapp.rollouts.services import job_create
 from workers.rollout_runner import rollout_run
+from workers.seed import seed_demo_endpoint
 from workers.tasks.rollouts import broker_backlog, enqueue_rollout, reap_stale_rollouts
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -24,7 +25,7 @@ def _send_then_lose(demo_task_set, demo_fleet, demo_model_url) -> RolloutJob:
     lost_queue = f"trove-test-lost-{uuid.uuid4().hex[:8]}"
     previous, app.conf.task_default_queue = app.conf.task_default_queue, lost_queue
     try:
-        job = job_create(task_set=demo_task_set, fleet=demo_fleet, model_base_url=demo_model_url,
+        job = job_create(task_set=demo_task_set, fleet=demo_fleet, endpoint=seed_demo_endpoint(demo_model_url),
                          model_name="trove-demo-stand-in", task_keys=["slugify"], max_steps=15,
                          enqueue=enqueue_rollout)
         assert broker_backlog() == 1
@@ -73,7 +74,7 @@ def test_nothing_is_sent_again_while_the_broker_queue_still_holds_messages(setti
     queue = f"trove-test-waiting-{uuid.uuid4().hex[:8]}"
     previous, app.conf.task_default_queue = app.conf.task_default_queue, queue
     try:
-        job = job_create(task_set=demo_task_set, fleet=demo_fleet, model_base_url=demo_model_url,
+        job = job_create(task_set=demo_task_set, fleet=demo_fleet, endpoint=seed_demo_endpoint(demo_model_url),
                          model_name="trove-demo-stand-in", task_keys=["slugify"], samples_per_task=2,
                          enqueue=enqueue_rollout)  # no worker on this queue: both messages wait their turn
 

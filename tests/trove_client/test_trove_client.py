@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from rest_framework.authtoken.models import Token
 
-from tests.webapp.rollouts.jobs_factories import celery_queue, drive, make_fleet  # noqa: F401 (a fixture)
+from tests.webapp.rollouts.jobs_factories import celery_queue, drive, make_endpoint, make_fleet  # noqa: F401 (a fixture)
 from trove_client import TroveAPIError, TroveClient
 from webapp.rollouts.models import Rollout, RolloutJob
 
@@ -56,10 +56,12 @@ def test_the_client_imports_without_django():
 def test_a_trainer_submits_a_job_and_streams_every_finished_rollout_until_it_ends(trove):
     task_set = trove.upload_task_set("client-set", tasks_jsonl(["easy", "mixed"]))
     fleet = make_fleet()
-    job = trove.submit_job(task_set="client-set", fleet=fleet.name, model_base_url="http://127.0.0.1:9/v1",
-                           model_name="policy", samples_per_task=4, sampling="adaptive", adaptive_first_round=2,
-                           concurrency=2, api_key_ref="env:POLICY_KEY")
-    assert task_set["n_tasks"] == 2 and job["status"] == "queued" and job["api_key_ref"] == "env:POLICY_KEY"
+    endpoint = make_endpoint(model_names=["policy"], key_ref="env:TROVE_MODEL_KEY_POLICY")
+    assert [e["name"] for e in trove.list_endpoints()] == [endpoint.name]
+    job = trove.submit_job(task_set="client-set", fleet=fleet.name, endpoint=endpoint.name, samples_per_task=4,
+                           sampling="adaptive", adaptive_first_round=2, concurrency=2)
+    assert task_set["n_tasks"] == 2 and job["status"] == "queued"
+    assert (job["endpoint"], job["model_name"]) == (endpoint.name, "policy")
 
     worker = in_background(drive, RolloutJob.objects.get(pk=job["id"]),
                            lambda key, index: R.SUCCEEDED if key == "easy" or index % 2 else R.FAILED)
@@ -76,8 +78,8 @@ def test_a_trainer_submits_a_job_and_streams_every_finished_rollout_until_it_end
 
 def test_a_trainer_resumes_from_its_last_cursor(trove):
     trove.upload_task_set("resume-set", tasks_jsonl(["a"]))
-    job = trove.submit_job(task_set="resume-set", fleet=make_fleet().name, model_base_url="http://127.0.0.1:9/v1",
-                           model_name="policy", samples_per_task=3)
+    job = trove.submit_job(task_set="resume-set", fleet=make_fleet().name, endpoint=make_endpoint().name,
+                           samples_per_task=3)
     drive(RolloutJob.objects.get(pk=job["id"]), lambda key, index: R.SUCCEEDED)
     first_page = trove.finished_rollouts(job["id"], limit=1)
 
@@ -88,8 +90,8 @@ def test_a_trainer_resumes_from_its_last_cursor(trove):
 
 def test_cancel_a_job_from_the_client(trove):
     trove.upload_task_set("cancel-set", tasks_jsonl(["a", "b"]))
-    job = trove.submit_job(task_set="cancel-set", fleet=make_fleet().name, model_base_url="http://127.0.0.1:9/v1",
-                           model_name="policy", samples_per_task=2)
+    job = trove.submit_job(task_set="cancel-set", fleet=make_fleet().name, endpoint=make_endpoint().name,
+                           samples_per_task=2)
 
     cancelled = trove.cancel_job(job["id"])
 
@@ -100,7 +102,7 @@ def test_cancel_a_job_from_the_client(trove):
 
 def test_errors_come_back_as_exceptions_naming_the_field(trove, live_server):
     with pytest.raises(TroveAPIError) as missing:
-        trove.submit_job(task_set="no-such-set", fleet="x", model_base_url="http://127.0.0.1:9/v1", model_name="m")
+        trove.submit_job(task_set="no-such-set", fleet="x", endpoint="y", model_name="m")
     assert (missing.value.status, missing.value.field) == (404, "task_set")
 
     with pytest.raises(TroveAPIError) as bad_file:

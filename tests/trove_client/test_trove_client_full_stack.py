@@ -10,6 +10,7 @@ from rest_framework.authtoken.models import Token
 from experience.models import Trajectory
 from trove_client import TroveClient
 from webapp.fleets.models import Sandbox
+from workers.seed import seed_demo_endpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -20,7 +21,7 @@ def test_an_adaptive_job_submitted_by_the_client_runs_for_real_and_streams_back(
     user = get_user_model().objects.create_user("trainer")
     trove = TroveClient(live_server.url, Token.objects.create(user=user).key)
 
-    job = trove.submit_job(task_set=demo_task_set.name, fleet=demo_fleet.name, model_base_url=demo_model_url,
+    job = trove.submit_job(task_set=demo_task_set.name, fleet=demo_fleet.name, endpoint=seed_demo_endpoint(demo_model_url).name,
                            model_name="trove-demo-stand-in", samples_per_task=3, sampling="adaptive",
                            adaptive_first_round=2, task_keys=["calc_expr", "slugify"], max_steps=20, concurrency=2)
     rollouts = list(trove.iter_finished_rollouts(job["id"], poll_interval=0.5, timeout=240))

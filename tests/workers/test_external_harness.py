@@ -15,6 +15,7 @@ import pytest
 from django.db import connection
 
 from experience.models import Trajectory
+from tests.webapp.rollouts.jobs_factories import make_endpoint
 from webapp.fleets.models import Sandbox
 from webapp.rollouts.models import Rollout
 from webapp.rollouts.services import job_cancel, job_create, taskset_upsert
@@ -90,7 +91,8 @@ def test_a_model_server_failure_is_told_apart_from_the_harnesss_own_bad_request(
 # --- through the rollout runner, inside a sandbox -----------------------------------------------------------
 
 def external_job(task_set, fleet, upstream_url, command=IN_SANDBOX, **options):
-    return job_create(task_set=task_set, fleet=fleet, model_base_url=upstream_url, model_name=MODEL,
+    return job_create(task_set=task_set, fleet=fleet, endpoint=make_endpoint(upstream_url, model_names=[MODEL]),
+                      model_name=MODEL,
                       enqueue=lambda rollout_id: None, harness="external", harness_command=command, **options)
 
 

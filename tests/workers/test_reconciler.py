@@ -16,7 +16,7 @@ from tests.webapp.fleets.fleet_factories import (  # noqa: F401 (pool_backend is
     make_template,
     pool_backend,
 )
-from tests.webapp.rollouts.jobs_factories import Enqueued, make_task_set
+from tests.webapp.rollouts.jobs_factories import Enqueued, make_endpoint, make_task_set
 from webapp.fleets import services
 from webapp.fleets.models import Fleet, Sandbox, SandboxEvent
 from webapp.rollouts.models import Rollout
@@ -56,7 +56,7 @@ def test_it_tops_a_fixed_fleet_up_to_min_warm_and_then_leaves_it_alone(pool_back
 def test_backlog_sizing_follows_the_rollouts_about_to_claim_within_min_and_max_warm():
     fleet = make_fleet(sizing=Fleet.Sizing.BACKLOG, min_warm=1, max_warm=5, max_total=10)
     assert warm_target(fleet) == 1
-    job = job_create(task_set=make_task_set(["a", "b", "c"]), fleet=fleet, model_base_url="http://127.0.0.1:9/v1",
+    job = job_create(task_set=make_task_set(["a", "b", "c"]), fleet=fleet, endpoint=make_endpoint(model_names=["m"]),
                      model_name="m", samples_per_task=3, enqueue=Enqueued())
     assert job.rollouts.count() == 9
     assert warm_target(fleet) == 5  # 9 queued, capped at max_warm

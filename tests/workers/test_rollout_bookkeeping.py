@@ -11,6 +11,7 @@ from experience.services.ingest import trajectory_finish
 from webapp.rollouts.models import Rollout
 from webapp.rollouts.services import job_create
 from workers.rollout_runner import rollout_run
+from workers.seed import seed_demo_endpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -22,7 +23,7 @@ def _totals(trajectory: Trajectory) -> tuple:
 
 def test_a_rollouts_steps_are_in_time_order_and_its_counts_match_a_recount(local_backend, proxy, demo_model_url,
                                                                             demo_task_set, demo_fleet):
-    job = job_create(task_set=demo_task_set, fleet=demo_fleet, model_base_url=demo_model_url,
+    job = job_create(task_set=demo_task_set, fleet=demo_fleet, endpoint=seed_demo_endpoint(demo_model_url),
                      model_name="trove-demo-stand-in", enqueue=lambda rollout_id: None, task_keys=["slugify"],
                      max_steps=15)
     rollout = job.rollouts.get()

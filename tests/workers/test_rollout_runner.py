@@ -13,12 +13,13 @@ from webapp.fleets.models import Sandbox
 from webapp.rollouts.models import Rollout
 from webapp.rollouts.services import job_create, taskset_upsert
 from workers.rollout_runner import rollout_run
+from workers.seed import seed_demo_endpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _job(task_set, fleet, model_url, **options):
-    return job_create(task_set=task_set, fleet=fleet, model_base_url=model_url, model_name="trove-demo-stand-in",
+    return job_create(task_set=task_set, fleet=fleet, endpoint=seed_demo_endpoint(model_url), model_name="trove-demo-stand-in",
                       enqueue=lambda rollout_id: None, **options)
 
 

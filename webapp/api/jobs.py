@@ -1,8 +1,8 @@
 """REST API: rollout jobs, their finished rollouts (a cursor a trainer polls), cancel, re-run, task sets.
 
 Views are thin: input serializer -> service or selector -> output serializer. Domain errors (experience.errors)
-become 4xx bodies naming the field in webapp/api/exception_handlers.py. A job's API key is a reference
-(`env:NAME` / `file:/path`): the key itself is never accepted, stored or returned.
+become 4xx bodies naming the field in webapp/api/exception_handlers.py. A job names a registered model
+endpoint (webapp/api/endpoints.py): no URL and no key, or reference to one, is accepted from a job.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from webapp.rollouts.models import Rollout, RolloutJob, TaskSet
 from webapp.rollouts.taskset_import import taskset_import_jsonl
 
 SECRET_FIELDS = ("api_key", "openai_api_key", "key", "secret")
+# Accepted before endpoints were registered objects: a clear error, not a silent drop.
+RETIRED_FIELDS = ("model_base_url", "api_key_ref")
 DEFAULT_PAGE, MAX_PAGE = 100, 1000
 
 
@@ -39,10 +41,10 @@ class JobSubmitSerializer(serializers.Serializer):
     fleet = serializers.CharField(max_length=100, help_text="fleet name")
     harness = serializers.CharField(max_length=100, required=False, default="builtin")
     harness_command = serializers.CharField(required=False, default="", allow_blank=True)
-    model_base_url = serializers.CharField(max_length=500, help_text="an OpenAI-compatible base URL")
-    model_name = serializers.CharField(max_length=200)
-    api_key_ref = serializers.CharField(max_length=200, required=False, default="", allow_blank=True,
-                                        help_text="where the key lives: env:NAME or file:/path (never the key)")
+    endpoint = serializers.CharField(max_length=100, help_text="a registered model endpoint's name "
+                                                               "(GET /api/v1/endpoints/)")
+    model_name = serializers.CharField(max_length=200, required=False, default="",
+                                       help_text="one of the endpoint's model_names (default: its first)")
     samples_per_task = serializers.IntegerField(min_value=1, max_value=10_000, default=1)
     max_steps = serializers.IntegerField(min_value=1, max_value=INT_MAX, required=False)
     max_tokens = serializers.IntegerField(min_value=1, max_value=INT_MAX, required=False, allow_null=True)
@@ -52,25 +54,27 @@ class JobSubmitSerializer(serializers.Serializer):
     adaptive_first_round = serializers.IntegerField(min_value=1, max_value=INT_MAX, required=False)
 
     def validate(self, attrs):
-        for field in SECRET_FIELDS:
+        for field in SECRET_FIELDS + RETIRED_FIELDS:
             if field in self.initial_data:
                 raise serializers.ValidationError(
-                    {field: "send a reference to the key in api_key_ref (env:NAME or file:/path), never the key"})
+                    {field: "jobs take no URL or key: name a registered model endpoint in `endpoint` "
+                            "(GET /api/v1/endpoints/; an admin or ops registers them with their keys)"})
         return attrs
 
 
 class JobSerializer(serializers.ModelSerializer):
     task_set = serializers.CharField(source="task_set.name")
     fleet = serializers.CharField(source="fleet.name")
+    endpoint = serializers.CharField(source="endpoint.name", help_text="the model endpoint's name")
     url = serializers.SerializerMethodField()
     rollouts_url = serializers.SerializerMethodField()
     page_url = serializers.SerializerMethodField()
 
     class Meta:
         model = RolloutJob
-        # api_key_ref only: the key itself is never in a row, so it cannot leak through here.
-        fields: tuple[str, ...] = ("id", "name", "status", "task_set", "fleet", "harness", "harness_command", "model_base_url",
-                  "model_name", "api_key_ref", "samples_per_task", "max_steps", "max_tokens", "wall_time_s",
+        # The endpoint by name: its key is never in a row, and its URL is the endpoint's business.
+        fields: tuple[str, ...] = ("id", "name", "status", "task_set", "fleet", "harness", "harness_command", "endpoint",
+                  "model_name", "samples_per_task", "max_steps", "max_tokens", "wall_time_s",
                   "concurrency", "sampling", "adaptive_first_round", "created_at", "started_at", "finished_at",
                   "url", "rollouts_url", "page_url")
 
@@ -225,7 +229,7 @@ class JobListApi(APIView):
         given.is_valid(raise_exception=True)
         fields = dict(given.validated_data)
         job = services.job_submit(task_set_name=fields.pop("task_set"), fleet_name=fields.pop("fleet"),
-                                  created_by=request.user, **fields)
+                                  endpoint_name=fields.pop("endpoint"), created_by=request.user, **fields)
         detail = selectors.job_detail(job_id=job.pk)
         return Response(JobDetailSerializer(detail, context={"request": request}).data, status=status.HTTP_201_CREATED)
 

@@ -3,12 +3,13 @@
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from webapp.api import datasets, fleets, jobs, outcomes, trajectories
+from webapp.api import datasets, endpoints, fleets, jobs, outcomes, trajectories
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("v1/", include(jobs.urlpatterns)),
+    path("v1/", include(endpoints.urlpatterns)),
     path("v1/", include(fleets.urlpatterns)),
     path("v1/", include(trajectories.urlpatterns)),
     path("v1/", include(outcomes.urlpatterns)),

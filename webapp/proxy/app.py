@@ -2,28 +2,26 @@
 
 `make_proxy_app` builds the aiohttp application from injected dependencies, so this module needs no
 Django: `resolve(token)` maps the rollout token in the path to a `Target` (where to forward, with which
-key), and `sink.put(record)` takes the call record off the request path.
-
-With `confirm(token)` as well, `resolve` may answer from a cache: the call is forwarded at once while
-`confirm` checks the token beside it, and nothing reaches the client, and nothing is recorded, until it
-has said the token is still good (401 if not, 503 if it could not tell). A check slower than the upstream
-costs the difference; one faster than it costs nothing. The price is that a finished rollout's cached
-token may have the upstream start on a call whose answer is then withheld (a stream is cut before its
-first byte reaches the client).
+key), and `sink.put(record)` takes the call record off the request path. `resolve` is awaited before
+anything is forwarded: a token it does not know (401) or cannot check (503) makes no upstream call.
 
 Routes: `POST /r/{token}/v1/chat/completions`, `GET /r/{token}/v1/models`, `GET /healthz`. An agent is
 pointed at the proxy with `OPENAI_BASE_URL=http://<proxy>/r/<token>/v1`; `Target.upstream_base_url` is the
 upstream's base URL in the same convention (it includes `/v1`).
 
-What the client gets is what the upstream sent: status, body bytes and headers (less hop-by-hop ones) for
-a plain answer, the same bytes chunk by chunk for a stream. Only failures the upstream could not express
-itself are the proxy's own: 504 when the upstream is silent for `upstream_timeout` seconds, 502 when it
-cannot be reached. The record is handed to the sink after the response has been sent.
+What the client gets is what the upstream sent: status and body bytes for a plain answer, the same bytes
+chunk by chunk for a stream, and of the headers only those its protocol needs (`_PASSED_ON`: no cookies,
+server internals or auth challenges). The endpoint's key is cut out of anything the upstream echoes back,
+before the client or the record sees it. Only failures the upstream could not express itself are the
+proxy's own: 504 when the upstream is silent for `upstream_timeout` seconds, 502 when it cannot be reached,
+403 (`endpoint_refused`) when the endpoint may not be used: its key reference is not allowed or not
+readable, or its address is loopback, link-local or private without `allow_private_network` (checked on
+every address a connection uses, webapp/proxy/addresses.py). The record is handed to the sink after the
+response has been sent.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import os
@@ -39,6 +37,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from webapp.proxy import jsonfast
+from webapp.proxy.addresses import address_refusal_in, guarded_socket
 from webapp.proxy.recorder import RecordSink
 from webapp.proxy.records import CallRecord
 from webapp.proxy.sse import assemble_stream
@@ -47,21 +46,15 @@ log = logging.getLogger(__name__)
 
 CALL_ID_HEADER = "X-Trove-Call-Id"
 _CALL_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-# Hop-by-hop headers, and the framing headers aiohttp sets itself for the body it sends on.
-_NOT_PASSED_ON = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-        "content-encoding",  # aiohttp's client decodes the body; the client gets it decoded
-    }
-)
+# The upstream's response headers a harness gets: what its protocol needs (the body's type, request ids,
+# the rate-limit and retry hints SDKs act on). Everything else stays behind: cookies, server internals,
+# auth challenges, anything that could echo a credential, and the framing aiohttp sets itself for the body
+# it sends on (the client gets the body decoded).
+_PASSED_ON = frozenset({"content-type", "cache-control", "retry-after", "retry-after-ms", "x-should-retry",
+                        "x-request-id", "request-id", "openai-processing-ms", "openai-version"})
+_PASSED_ON_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
+REDACTED = b"[redacted]"
+MIN_REDACTED_KEY = 8  # a shorter "key" would blank out ordinary text; it is no secret worth the name
 
 
 class _CallIds:
@@ -86,24 +79,28 @@ _call_ids = _CallIds()
 
 @dataclass(frozen=True)
 class Target:
-    """Where a rollout's calls go. The key is never logged, shown in a repr or recorded."""
+    """Where a rollout's calls go: its job's registered endpoint. The key is never logged, shown in a repr
+    or recorded. `refusal`, when set, is why the endpoint may not be used: the call is answered 403 with it.
+    Without `allow_private_network` the proxy connects to public addresses only."""
 
     rollout_id: str
     trajectory_id: str
     upstream_base_url: str
     upstream_api_key: str = field(default="", repr=False)
     model_override: str | None = None
+    allow_private_network: bool = False
+    endpoint: str = ""
+    protocol: str = "chat"
+    refusal: str | None = None
 
 
 Resolve = Callable[[str], Awaitable[Target | None]]
-Confirm = Callable[[str], Awaitable[bool]]  # True: the token is still good (raises: cannot tell)
 
 
 def make_proxy_app(
     *,
     resolve: Resolve,
     sink: RecordSink,
-    confirm: Confirm | None = None,
     connector_limit: int = 512,
     upstream_timeout: float = 600.0,
     connect_timeout: float = 10.0,
@@ -113,11 +110,10 @@ def make_proxy_app(
 
     `upstream_timeout` bounds the upstream's silence (waiting for its answer, or between two chunks of a
     stream), not a whole generation, so a long stream that keeps sending is never cut.
-    `connector_limit` caps the pooled upstream connections.
+    `connector_limit` caps the pooled upstream connections (per pool: public-only and private-allowed).
     """
     proxy = _Proxy(
         resolve=resolve,
-        confirm=confirm,
         sink=sink,
         connector_limit=connector_limit,
         timeout=aiohttp.ClientTimeout(
@@ -125,7 +121,7 @@ def make_proxy_app(
         ),
     )
     app = web.Application(client_max_size=max_body_bytes)
-    app.cleanup_ctx.append(proxy.client_session)
+    app.cleanup_ctx.append(proxy.client_sessions)
     app.router.add_get("/healthz", proxy.healthz)
     app.router.add_post("/r/{token}/v1/chat/completions", proxy.chat_completions)
     app.router.add_get("/r/{token}/v1/models", proxy.models)
@@ -137,24 +133,29 @@ class _Proxy:
         self,
         *,
         resolve: Resolve,
-        confirm: Confirm | None,
         sink: RecordSink,
         connector_limit: int,
         timeout: aiohttp.ClientTimeout,
     ) -> None:
         self._resolve = resolve
-        self._confirm = confirm
         self._sink = sink
         self._connector_limit = connector_limit
         self._timeout = timeout
-        self._session: aiohttp.ClientSession | None = None
+        self._sessions: dict[bool, aiohttp.ClientSession] = {}
 
-    async def client_session(self, app: web.Application) -> AsyncIterator[None]:
-        # One pooled session for the app's life: created in its loop on startup, closed on cleanup.
-        connector = aiohttp.TCPConnector(limit=self._connector_limit, limit_per_host=0, ttl_dns_cache=300)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+    async def client_sessions(self, app: web.Application) -> AsyncIterator[None]:
+        # Two pooled sessions for the app's life, created in its loop on startup, closed on cleanup: one whose
+        # sockets refuse non-public addresses (every endpoint without allow_private_network), one without.
+        for private_allowed, socket_factory in ((False, guarded_socket), (True, None)):
+            connector = aiohttp.TCPConnector(limit=self._connector_limit, limit_per_host=0, ttl_dns_cache=300,
+                                             socket_factory=socket_factory)
+            self._sessions[private_allowed] = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         yield
-        await self._session.close()
+        for session in self._sessions.values():
+            await session.close()
+
+    def _session(self, target: Target) -> aiohttp.ClientSession:
+        return self._sessions[target.allow_private_network]
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -169,32 +170,27 @@ class _Proxy:
             return _token_check_unavailable()
         return _unknown_token() if target is None else target
 
-    def _admission(self, token: str) -> asyncio.Task[bool] | None:
-        """The token's confirmation, started now to run beside the upstream call (None: no confirm)."""
-        if self._confirm is None:
-            return None
-        task = asyncio.ensure_future(self._confirm(token))
-        task.add_done_callback(_retrieve_exception)
-        return task
-
     async def models(self, request: web.Request) -> web.StreamResponse:
         """The upstream's model list, passed through; not a model call, so not recorded."""
         target = await self._target(request)
         if isinstance(target, web.Response):
             return target
-        refusal = await _refusal(self._admission(request.match_info["token"]))
-        if refusal is not None:
-            return refusal
-        assert self._session is not None
+        if target.refusal:
+            return _error_response(403, "endpoint_refused", target.refusal)
+        redactor = _Redactor(target.upstream_api_key)
         try:
-            async with self._session.get(
-                _upstream_url(target, "/models"), headers=_upstream_headers(target, json_body=False)
+            async with self._session(target).get(
+                _upstream_url(target, "/models"), headers=_upstream_headers(target, json_body=False),
+                allow_redirects=False,
             ) as upstream:
-                body = await upstream.read()
-                return web.Response(body=body, status=upstream.status, headers=_passed_on(upstream.headers))
+                body = redactor.whole(await upstream.read())
+                return web.Response(body=body, status=upstream.status, headers=_passed_on(upstream.headers, redactor))
         except TimeoutError:
             return _error_response(504, "upstream_timeout", "the upstream did not answer in time")
         except aiohttp.ClientError as exc:
+            refused = address_refusal_in(exc)
+            if refused is not None:
+                return _error_response(403, "endpoint_refused", _address_refusal(target, refused))
             return _error_response(502, "upstream_connect", f"the upstream is unreachable: {exc}")
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -207,7 +203,6 @@ class _Proxy:
                 400, "invalid_call_id", f"{CALL_ID_HEADER} must match [A-Za-z0-9._:-]{{1,128}}"
             )
         call = _Call(target=target, call_id=call_id or _call_ids.next())
-        call.admission = self._admission(request.match_info["token"])
         try:
             return await self._chat_completions(request, target, call)
         except web.HTTPException as exc:  # a body over the size limit
@@ -232,6 +227,9 @@ class _Proxy:
             response = call.fail_locally(400, "invalid_request", "the request body must be a JSON object")
             return await _send(request, response, call)
         call.request = body
+        refusal = target.refusal or _protocol_refusal(target, "chat")
+        if refusal:
+            return await _send(request, call.fail_locally(403, "endpoint_refused", refusal), call)
         if target.model_override:
             body["model"] = target.model_override
             raw = jsonfast.dumps(body)
@@ -240,22 +238,26 @@ class _Proxy:
     async def _forward_chat(
         self, request: web.Request, target: Target, raw: bytes, call: _Call
     ) -> web.StreamResponse:
-        assert self._session is not None
         try:
-            async with self._session.post(
-                _upstream_url(target, "/chat/completions"), data=raw, headers=_upstream_headers(target)
+            async with self._session(target).post(
+                _upstream_url(target, "/chat/completions"), data=raw, headers=_upstream_headers(target),
+                allow_redirects=False,
             ) as upstream:
                 call.status = upstream.status
                 if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
                     return await _relay_stream(request, upstream, call)
-                call.body = await upstream.read()
+                call.body = call.redactor.whole(await upstream.read())
                 response = web.Response(
-                    body=call.body, status=upstream.status, headers=_passed_on(upstream.headers)
+                    body=call.body, status=upstream.status, headers=_passed_on(upstream.headers, call.redactor)
                 )
         except TimeoutError as exc:
             response = call.fail_locally(504, "upstream_timeout", self._timeout_message(exc))
         except aiohttp.ClientError as exc:
-            response = call.fail_locally(502, "upstream_connect", f"the upstream is unreachable: {exc}")
+            refused = address_refusal_in(exc)
+            if refused is not None:
+                response = call.fail_locally(403, "endpoint_refused", _address_refusal(target, refused))
+            else:
+                response = call.fail_locally(502, "upstream_connect", f"the upstream is unreachable: {exc}")
         return await _send(request, response, call)
 
     def _timeout_message(self, exc: TimeoutError) -> str:
@@ -264,25 +266,11 @@ class _Proxy:
         return f"the upstream sent nothing for {self._timeout.sock_read}s"
 
     def _record(self, call: _Call) -> None:
-        """Hand the record to the sink once the call is known to be the rollout's (a refused call is not)."""
+        """Hand the record to the sink (the answer is already with the client)."""
         try:
-            record = call.to_record()
-        except Exception:  # the answer is already with the client; a recording bug must not undo it
+            self._sink.put(call.to_record())
+        except Exception:  # a recording bug must not undo the answer
             log.exception("could not record call %s", call.call_id)
-            return
-        admission = call.admission
-        if admission is None or admission.done():
-            self._put_if_admitted(admission, record)
-        else:  # the handler failed before its gate: record once the confirmation is in
-            admission.add_done_callback(lambda done: self._put_if_admitted(done, record))
-
-    def _put_if_admitted(self, admission: asyncio.Task[bool] | None, record: CallRecord) -> None:
-        if admission is not None and (admission.cancelled() or admission.exception() or not admission.result()):
-            return
-        try:
-            self._sink.put(record)
-        except Exception:
-            log.exception("could not record call %s", record.call_id)
 
 
 async def _relay_stream(
@@ -290,10 +278,7 @@ async def _relay_stream(
 ) -> web.StreamResponse:
     """Write the upstream's stream to the client as it arrives, keeping each chunk for the record."""
     call.stream = True
-    refusal = await _refusal(call.admission)
-    if refusal is not None:  # not one byte of a refused call's stream reaches the client
-        return await _send(request, refusal, call)
-    response = web.StreamResponse(status=upstream.status, headers=_passed_on(upstream.headers))
+    response = web.StreamResponse(status=upstream.status, headers=_passed_on(upstream.headers, call.redactor))
     try:
         await response.prepare(request)
     except ConnectionError:
@@ -304,18 +289,30 @@ async def _relay_stream(
             chunk = await upstream.content.readany()
         except (aiohttp.ClientError, TimeoutError) as exc:
             call.fail("stream_broken", f"the upstream stream broke: {exc!r}")
+            await _relay_chunk(response, call, call.redactor.end())
             _drop_connection(request)
             return response
         if not chunk:
             break
-        call.arrivals.append(perf_counter())
-        call.chunks.append(chunk)
-        try:
-            await response.write(chunk)
-        except ConnectionError:
-            call.fail("client_disconnected", "the client went away during the stream")
+        if not await _relay_chunk(response, call, call.redactor.chunk(chunk)):
             return response
+    if not await _relay_chunk(response, call, call.redactor.end()):
+        return response
     return await _send(request, response, call)
+
+
+async def _relay_chunk(response: web.StreamResponse, call: _Call, chunk: bytes) -> bool:
+    """Pass one (redacted) chunk on and keep it for the record; False when the client has gone."""
+    if not chunk:
+        return True
+    call.arrivals.append(perf_counter())
+    call.chunks.append(chunk)
+    try:
+        await response.write(chunk)
+    except ConnectionError:
+        call.fail("client_disconnected", "the client went away during the stream")
+        return False
+    return True
 
 
 def _drop_connection(request: web.Request) -> None:
@@ -326,10 +323,7 @@ def _drop_connection(request: web.Request) -> None:
 
 
 async def _send(request: web.Request, response: web.StreamResponse, call: _Call) -> web.StreamResponse:
-    """Finish sending the response now, so the record is made after the client has its answer; a refused
-    call's answer is replaced by the refusal."""
-    if not response.prepared:
-        response = await _refusal(call.admission) or response
+    """Finish sending the response now, so the record is made after the client has its answer."""
     try:
         await response.prepare(request)
         await response.write_eof()
@@ -355,7 +349,10 @@ class _Call:
     error: str | None = None
     error_kind: str | None = None
     local_error_body: dict[str, Any] | None = None
-    admission: asyncio.Task[bool] | None = None  # the token's confirmation, when one was asked for
+    redactor: _Redactor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.redactor = _Redactor(self.target.upstream_api_key)
 
     def fail(self, kind: str, message: str) -> None:
         if self.error is None:  # the first failure is the cause; later ones follow from it
@@ -432,8 +429,61 @@ def _upstream_headers(target: Target, *, json_body: bool = True) -> dict[str, st
     return headers
 
 
-def _passed_on(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    return CIMultiDict((key, value) for key, value in headers.items() if key.lower() not in _NOT_PASSED_ON)
+def _passed_on(headers: CIMultiDictProxy[str], redactor: _Redactor) -> CIMultiDict[str]:
+    return CIMultiDict((key, redactor.text(value)) for key, value in headers.items() if _is_passed_on(key.lower()))
+
+
+def _is_passed_on(name: str) -> bool:
+    return name in _PASSED_ON or name.startswith(_PASSED_ON_PREFIXES)
+
+
+class _Redactor:
+    """Cuts the endpoint's key out of what the upstream sends back (an error that quotes it, a server that
+    echoes headers), in a whole body or across a stream's chunks. Of a chunk, only a tail that could be the
+    start of the key is held back (until the next chunk shows whether it is), so nothing else is delayed."""
+
+    def __init__(self, key: str) -> None:
+        self._key = key.encode() if len(key) >= MIN_REDACTED_KEY else b""
+        self._held = b""
+
+    def whole(self, data: bytes) -> bytes:
+        return data.replace(self._key, REDACTED) if self._key else data
+
+    def text(self, value: str) -> str:
+        return self.whole(value.encode()).decode() if self._key and self._key in value.encode() else value
+
+    def chunk(self, data: bytes) -> bytes:
+        if not self._key:
+            return data
+        data = (self._held + data).replace(self._key, REDACTED)
+        keep = _key_prefix_at_end(data, self._key)
+        self._held = data[len(data) - keep:] if keep else b""
+        return data[: len(data) - keep]
+
+    def end(self) -> bytes:
+        held, self._held = self._held, b""
+        return held
+
+
+def _key_prefix_at_end(data: bytes, key: bytes) -> int:
+    """The length of the longest tail of `data` that is a proper prefix of `key` (0 if none)."""
+    start = data.find(key[:1], max(0, len(data) - len(key) + 1))
+    while start != -1:
+        if key.startswith(data[start:]):
+            return len(data) - start
+        start = data.find(key[:1], start + 1)
+    return 0
+
+
+def _protocol_refusal(target: Target, route: str) -> str | None:
+    if target.protocol == route:
+        return None
+    return (f"endpoint {target.endpoint!r} speaks {target.protocol}, and this proxy forwards {route} calls only "
+            "to an endpoint that speaks the same protocol")
+
+
+def _address_refusal(target: Target, refused: str) -> str:
+    return f"endpoint {target.endpoint or target.upstream_base_url!r} cannot be reached: {refused}"
 
 
 def _error_body(code: str, message: str, *, error_type: str = "proxy_error") -> dict[str, Any]:
@@ -444,21 +494,6 @@ def _error_response(status: int, code: str, message: str, *, error_type: str = "
     return web.json_response(_error_body(code, message, error_type=error_type), status=status)
 
 
-async def _refusal(admission: asyncio.Task[bool] | None) -> web.Response | None:
-    """None when the call may be answered (no confirmation asked, or it said yes), else the refusal."""
-    if admission is None:
-        return None
-    try:
-        admitted = await asyncio.shield(admission)  # a client gone mid-wait must not cancel it: _record waits
-    except Exception as exc:
-        log.warning("could not confirm a rollout token: %r", exc)
-        return _token_check_unavailable()
-    return None if admitted else _unknown_token()
-
-
-def _retrieve_exception(task: asyncio.Task[bool]) -> None:
-    if not task.cancelled():
-        task.exception()  # logged where it is awaited; this only keeps asyncio from warning about it
 
 
 def _token_check_unavailable() -> web.Response:

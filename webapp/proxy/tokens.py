@@ -1,11 +1,10 @@
-"""Rollout tokens to proxy targets, exactly: a call is answered (and recorded) only if, after it arrived,
+"""Rollout tokens to proxy targets, exactly: a call is forwarded (and recorded) only if, after it arrived,
 its token was seen to belong to a running rollout.
 
-No answer is cached. A rollout that finished, was cancelled or reaped, or whose token a new attempt
-replaced, gets 401 on its very next call. What is cached is where a token's calls go (`resolve`), so a
-known token's call is forwarded at once while `confirm` checks the token in the database beside it; the
-proxy withholds the answer until the check is in (see app.py). An unknown token is looked up before
-anything is forwarded.
+Nothing is cached but the endpoint keys. Every call's token is looked up in the database before anything
+is forwarded, so a rollout that finished, was cancelled or reaped, or whose token a new attempt replaced,
+gets 401 on its very next call and no upstream call is made for it (its endpoint's key never leaves).
+The database holds tokens as SHA-256 hashes (webapp/rollouts/models.py): the lookup hashes what it is sent.
 
 What keeps the check cheap:
 - coalescing: the checks waiting share one indexed query (`token IN (...)`, status running). A check
@@ -15,7 +14,8 @@ What keeps the check cheap:
   loop, kept open. Handing each check to a thread and back cost more than the query on a busy machine
   (every hand-off waits for the GIL and the scheduler). Other databases (SQLite, embedded) are queried
   on one dedicated thread that keeps its Django connection.
-The upstream API key is cached per secret reference for KEY_CACHE_S, as reading it may mean reading a file.
+The upstream API key is cached per secret reference for KEY_CACHE_S, as reading it may mean reading a file;
+the reference is checked against the allow-list each time it is read (webapp/rollouts/endpoints.py).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from functools import cache
 from typing import Any, Protocol
 
@@ -31,8 +32,8 @@ import psycopg
 from django.db import InterfaceError, OperationalError, connection, models
 
 from webapp.proxy.app import Target
-from webapp.rollouts.models import Rollout, RolloutJob
-from webapp.rollouts.services import resolve_api_key
+from webapp.rollouts.endpoints import key_resolve
+from webapp.rollouts.models import ModelEndpoint, Rollout, RolloutJob, rollout_token_hash
 
 log = logging.getLogger("trove.proxy")
 
@@ -40,7 +41,9 @@ KEY_CACHE_S = 60.0
 QUERY_TIMEOUT_S = 10.0  # past this the calls waiting get 503 rather than hang with a stuck database
 CONNECT_TIMEOUT_S = 5
 _Answer = Target | None | Exception
-Row = tuple[str, int, int, str, str]  # token, rollout id, trajectory id, upstream base URL, key reference
+# token hash, rollout id, trajectory id, and the job's endpoint: base URL, key reference, private network
+# allowed, name, protocol
+Row = tuple[str, int, int, str, str, bool, str, str]
 
 
 class Lookup(Protocol):
@@ -51,9 +54,8 @@ class Lookup(Protocol):
 
 
 class TokenResolver:
-    """`resolve(token)` -> where the token's calls go (cached, or looked up), None for a token that is not
-    a running rollout's; `confirm(token)` -> whether it is a running rollout's now; `await resolver(token)`
-    -> the Target, looked up now. All raise when the database cannot answer (the proxy answers 503).
+    """`resolve(token)` (or `await resolver(token)`) -> where the token's calls go, looked up now; None for
+    a token that is not a running rollout's. Raises when the database cannot answer (the proxy answers 503).
 
     One instance per proxy app (it lives in the app's event loop); `aclose` on the app's cleanup releases
     its connection. `lookup` defaults to `default_lookup()`.
@@ -65,33 +67,18 @@ class TokenResolver:
         lookup: Lookup | None = None,
         key_cache_s: float = KEY_CACHE_S,
         query_timeout_s: float = QUERY_TIMEOUT_S,
-        max_cached: int = 10_000,
     ) -> None:
         self._lookup = lookup or default_lookup()
         self._keys = _KeyCache(ttl_s=key_cache_s)
         self._query_timeout_s = query_timeout_s
         self._waiting: dict[str, list[asyncio.Future[_Answer]]] = {}
         self._rounds: asyncio.Task[None] | None = None
-        self._targets_by_token: dict[str, Target] = {}
-        self._max_cached = max_cached
         self.queries = 0  # how many lookups were made (a round of coalesced calls is one)
 
     async def resolve(self, token: str) -> Target | None:
-        cached = self._targets_by_token.get(token)
-        return cached if cached is not None else await self(token)
+        return await self._looked_up(token)
 
-    async def confirm(self, token: str) -> bool:
-        return await self(token) is not None
-
-    async def __call__(self, token: str) -> Target | None:
-        target = await self._looked_up(token)
-        if target is None:
-            self._targets_by_token.pop(token, None)
-        else:
-            if len(self._targets_by_token) >= self._max_cached:
-                self._targets_by_token.clear()  # crude but bounded: a dropped entry costs one lookup
-            self._targets_by_token[token] = target
-        return target
+    __call__ = resolve
 
     async def aclose(self, app: Any = None) -> None:
         """Release the lookup's database connection (an aiohttp on_cleanup)."""
@@ -123,21 +110,26 @@ class TokenResolver:
 
     async def _answers(self, tokens: list[str]) -> dict[str, _Answer]:
         self.queries += 1
+        by_hash = {rollout_token_hash(token): token for token in tokens}
         try:
-            rows = await asyncio.wait_for(self._lookup.rows(tokens), self._query_timeout_s)
+            rows = await asyncio.wait_for(self._lookup.rows(list(by_hash)), self._query_timeout_s)
         except Exception as exc:  # every waiting call learns the database could not answer
             log.warning("rollout token lookup failed: %r", exc)
             return {token: exc for token in tokens}
-        return {row[0]: self._target(*row) for row in rows}
+        return {by_hash[row[0]]: self._target(*row) for row in rows}
 
-    def _target(self, token: str, rollout_id: int, trajectory_id: int, base_url: str, key_ref: str) -> _Answer:
+    def _target(self, token_hash: str, rollout_id: int, trajectory_id: int, base_url: str, key_ref: str,
+                allow_private_network: bool, endpoint: str, protocol: str) -> Target:
+        target = Target(rollout_id=str(rollout_id), trajectory_id=str(trajectory_id), upstream_base_url=base_url,
+                        allow_private_network=bool(allow_private_network), endpoint=endpoint, protocol=protocol)
         try:
             key = self._keys.get(key_ref)
-        except Exception as exc:  # one job's unreadable secret must not fail other jobs' calls
-            log.error("rollout %s: cannot read its model API key (%s): %r", rollout_id, key_ref, exc)
-            return exc
-        return Target(rollout_id=str(rollout_id), trajectory_id=str(trajectory_id),
-                      upstream_base_url=base_url, upstream_api_key=key, model_override=None)
+        except Exception as exc:  # one endpoint's unreadable key must not fail other jobs' calls
+            # The error names the reference and why, never a key (a reference is not a secret).
+            message = getattr(exc, "message", None) or repr(exc)
+            log.error("rollout %s: endpoint %s: cannot use its key: %s", rollout_id, endpoint, message)
+            return replace(target, refusal=f"endpoint {endpoint!r} cannot be used: {message}")
+        return replace(target, upstream_api_key=key)
 
 
 def default_lookup() -> Lookup:
@@ -232,8 +224,13 @@ def _running_rollouts_sql(count: int) -> str:
     def j(name: str) -> str:
         return f"j.{q(_column(RolloutJob, name))}"
 
-    return (f"SELECT {r('token')}, {r('id')}, {r('trajectory')}, {j('model_base_url')}, {j('api_key_ref')} "
+    def e(name: str) -> str:
+        return f"e.{q(_column(ModelEndpoint, name))}"
+
+    return (f"SELECT {r('token')}, {r('id')}, {r('trajectory')}, {e('base_url')}, {e('key_ref')}, "
+            f"{e('allow_private_network')}, {e('name')}, {e('protocol')} "
             f"FROM {q(Rollout._meta.db_table)} r JOIN {q(RolloutJob._meta.db_table)} j ON {j('id')} = {r('job')} "
+            f"JOIN {q(ModelEndpoint._meta.db_table)} e ON {e('id')} = {j('endpoint')} "
             f"WHERE {r('status')} = %s AND {r('trajectory')} IS NOT NULL "
             f"AND {r('token')} IN ({', '.join(['%s'] * count)})")
 
@@ -256,6 +253,7 @@ class _KeyCache:
         hit = self._keys.get(reference)
         if hit is not None and hit[0] > now:
             return hit[1]
-        key = resolve_api_key(reference)
+        key = key_resolve(reference)
+
         self._keys[reference] = (now + self._ttl_s, key)
         return key

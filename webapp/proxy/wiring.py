@@ -58,7 +58,7 @@ def make_trove_proxy_app(
     """
     resolver = resolver or TokenResolver()
     sink = sink or default_sink()
-    app = make_proxy_app(resolve=resolver.resolve, confirm=resolver.confirm, sink=sink, **app_options)
+    app = make_proxy_app(resolve=resolver.resolve, sink=sink, **app_options)
     app[TOKEN_RESOLVER] = resolver
     app.on_cleanup.append(resolver.aclose)
     return app, sink

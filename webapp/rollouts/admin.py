@@ -1,6 +1,9 @@
+from django import forms
 from django.contrib import admin
 
-from webapp.rollouts.models import Rollout, RolloutJob, Task, TaskSet
+from experience.errors import ValidationError
+from webapp.rollouts.endpoints import endpoint_fields_clean
+from webapp.rollouts.models import ModelEndpoint, Rollout, RolloutJob, Task, TaskSet
 
 
 class TaskInline(admin.TabularInline):
@@ -22,10 +25,47 @@ class TaskAdmin(admin.ModelAdmin):
     list_filter = ("task_set", "difficulty")
 
 
+class ModelEndpointForm(forms.ModelForm):
+    """The admin's form runs the same checks as the API and `manage.py endpoint add` (key reference
+    allow-list, URL shape, the host's addresses unless private networks are allowed)."""
+
+    class Meta:
+        model = ModelEndpoint
+        fields = ("name", "base_url", "protocol", "model_names", "key_ref", "allow_private_network", "description")
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        try:
+            data.update(endpoint_fields_clean(
+                name=data["name"], base_url=data["base_url"], protocol=data["protocol"],
+                model_names=data["model_names"] if isinstance(data["model_names"], list) else [],
+                key_ref=data.get("key_ref", ""), allow_private_network=data.get("allow_private_network", False)))
+        except ValidationError as error:
+            field = error.field if error.field in self.fields else None
+            self.add_error(field, error.message)
+        return data
+
+
+@admin.register(ModelEndpoint)
+class ModelEndpointAdmin(admin.ModelAdmin):
+    form = ModelEndpointForm
+    list_display = ("name", "protocol", "base_url", "allow_private_network", "key_ref", "created_by", "created_at")
+    list_filter = ("protocol", "allow_private_network")
+    readonly_fields = ("created_by", "created_at")
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            obj.created_by = request.user
+        super().save_model(request, obj, form, change)
+
+
 @admin.register(RolloutJob)
 class RolloutJobAdmin(admin.ModelAdmin):
-    list_display = ("id", "name", "task_set", "model_name", "samples_per_task", "status", "created_at")
+    list_display = ("id", "name", "task_set", "endpoint", "model_name", "samples_per_task", "status", "created_at")
     list_filter = ("status",)
+    list_select_related = ("task_set", "endpoint")
 
 
 @admin.register(Rollout)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 
 from django.conf import settings
@@ -51,6 +52,39 @@ class Task(models.Model):
         return self.key
 
 
+class ModelEndpoint(models.Model):
+    """A model server an admin (or ops) registered: the only places a job's model calls may go.
+
+    The key is never stored: `key_ref` points at it, from an allow-list (webapp/rollouts/endpoints.py).
+    """
+
+    class Protocol(models.TextChoices):
+        CHAT = "chat", "OpenAI Chat Completions"
+        RESPONSES = "responses", "OpenAI Responses"
+        MESSAGES = "messages", "Anthropic Messages"
+        GEMINI = "gemini", "Gemini API"
+
+    name = models.SlugField(max_length=100, unique=True)
+    base_url = models.CharField(max_length=500, help_text="e.g. http://vllm.internal:8000/v1 (with /v1 for chat)")
+    protocol = models.CharField(max_length=16, choices=Protocol.choices, default=Protocol.CHAT)
+    model_names = models.JSONField(default=list, help_text="the models a job may name here; the first is the default")
+    key_ref = models.CharField(max_length=200, blank=True,
+                               help_text="env:TROVE_MODEL_KEY_... or file:NAME in the secrets directory; never the key")
+    # Loopback, link-local and private addresses are refused unless this is set (a server on the same host or
+    # network: the demo model, a lab's vLLM). A trainer can never set it: only admins and ops register.
+    allow_private_network = models.BooleanField(default=False)
+    description = models.TextField(blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class RolloutJob(models.Model):
     class Status(models.TextChoices):
         QUEUED = "queued"
@@ -68,10 +102,8 @@ class RolloutJob(models.Model):
     fleet = models.ForeignKey("fleets.Fleet", on_delete=models.PROTECT, related_name="jobs")
     harness = models.CharField(max_length=100, default="builtin")
     harness_command = models.TextField(blank=True, help_text="external harness: command run in the sandbox")
-    model_base_url = models.CharField(max_length=500)
-    model_name = models.CharField(max_length=200)
-    # A reference to a secret (env:NAME or file:/path), never the key itself.
-    api_key_ref = models.CharField(max_length=200, blank=True)
+    endpoint = models.ForeignKey(ModelEndpoint, on_delete=models.PROTECT, related_name="jobs")
+    model_name = models.CharField(max_length=200, help_text="one of the endpoint's model_names")
     samples_per_task = models.PositiveIntegerField(default=1)
     max_steps = models.PositiveIntegerField(default=30)
     max_tokens = models.PositiveIntegerField(null=True, blank=True)
@@ -92,8 +124,20 @@ class RolloutJob(models.Model):
         return self.name or f"job {self.pk}"
 
 
+def rollout_token_hash(token: str) -> str:
+    """What is stored of a proxy token. A plain SHA-256 is enough: tokens are 192 random bits, not guessable."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_rollout_token() -> tuple[str, str]:
+    """A fresh proxy token and its hash: the plaintext goes to the harness only, the hash to the database."""
+    token = secrets.token_urlsafe(24)
+    return token, rollout_token_hash(token)
+
+
 def _new_token() -> str:
-    return secrets.token_urlsafe(24)
+    # A queued rollout's placeholder: the hash of a token nobody was given, so it unlocks nothing.
+    return new_rollout_token()[1]
 
 
 class Rollout(models.Model):
@@ -111,6 +155,7 @@ class Rollout(models.Model):
     task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="rollouts")
     sample_index = models.PositiveIntegerField()
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    # The SHA-256 of the attempt's proxy token (the plaintext is handed to the harness and kept nowhere).
     token = models.CharField(max_length=64, unique=True, default=_new_token)
     attempt = models.PositiveIntegerField(default=0)
     worker = models.CharField(max_length=200, blank=True)

@@ -83,7 +83,7 @@ def job_progress(*, job: RolloutJob) -> dict:
 
 def job_get(*, job_id: int) -> RolloutJob:
     try:
-        return RolloutJob.objects.select_related("task_set", "fleet").get(pk=job_id)
+        return RolloutJob.objects.select_related("task_set", "fleet", "endpoint").get(pk=job_id)
     except RolloutJob.DoesNotExist:
         raise NotFound(f"job {job_id} does not exist", field="job_id") from None
 
@@ -103,7 +103,7 @@ def job_list() -> QuerySet[RolloutJob]:
     """Jobs with their rollout counts, newest first (one query per page)."""
     finished = list(Rollout.FINISHED)
     return (
-        RolloutJob.objects.select_related("task_set", "fleet")
+        RolloutJob.objects.select_related("task_set", "fleet", "endpoint")
         .annotate(
             n_rollouts=Count("rollouts"),
             n_finished=Count("rollouts", filter=Q(rollouts__status__in=finished)),

@@ -24,11 +24,11 @@ from django.utils import timezone
 from experience.errors import Conflict, NotFound, ValidationError
 from experience.models import Trajectory
 from experience.services.ingest import trajectory_finish
-from webapp.env import env_str
 from webapp.fleets.models import Fleet
 from webapp.fleets.services import RELAXED_CTE
 from webapp.rollouts import sampling, selectors
-from webapp.rollouts.models import Rollout, RolloutJob, Task, TaskSet, _new_token
+from webapp.rollouts.endpoints import endpoint_get_by_name, endpoint_model
+from webapp.rollouts.models import ModelEndpoint, Rollout, RolloutJob, Task, TaskSet, new_rollout_token
 
 log = logging.getLogger("trove.rollouts")
 R = Rollout.Status
@@ -52,29 +52,6 @@ def taskset_upsert(*, name: str, description: str, source: str, tasks: Iterable[
     return task_set
 
 
-# Never echo the value back: someone who pasted the key itself here must not see it in an error (or a log).
-BAD_REFERENCE = "api_key_ref: must look like env:NAME or file:/path (a reference to the key, never the key)"
-
-
-def resolve_api_key(reference: str) -> str:
-    """Turn a secret reference (`env:NAME`, `file:/path`, or empty) into the key. Never store the result."""
-    if not reference:
-        return ""
-    scheme, _, target = reference.partition(":")
-    if scheme == "env":
-        return env_str(target) or ""
-    if scheme == "file":
-        with open(target) as handle:
-            return handle.read().strip()
-    raise ValidationError(BAD_REFERENCE, field="api_key_ref")
-
-
-def _check_secret_reference(reference: str) -> None:
-    scheme = reference.partition(":")[0]
-    if scheme not in ("env", "file"):
-        raise ValidationError(BAD_REFERENCE, field="api_key_ref")
-
-
 def enqueue_by_name(rollout_id: int) -> None:
     """Send `trove.rollouts.run` by name: webapp code may not import the worker's task module."""
     from webapp.celery import app
@@ -82,13 +59,9 @@ def enqueue_by_name(rollout_id: int) -> None:
     app.send_task(RUN_TASK, args=(rollout_id,))
 
 
-def _check_job_options(*, samples_per_task: int, model_base_url: str, options: dict) -> None:
+def _check_job_options(*, samples_per_task: int, options: dict) -> None:
     if samples_per_task < 1:
         raise ValidationError("samples_per_task: must be at least 1", field="samples_per_task")
-    if not model_base_url.startswith(("http://", "https://")):
-        raise ValidationError("model_base_url: must be an http(s) URL", field="model_base_url")
-    if options.get("api_key_ref"):
-        _check_secret_reference(options["api_key_ref"])
     if options.get("sampling", sampling.UNIFORM) not in sampling.POLICIES:
         raise ValidationError(f"sampling: must be one of {', '.join(sampling.POLICIES)}", field="sampling")
     for name in ("concurrency", "adaptive_first_round", "max_steps", "wall_time_s"):
@@ -112,8 +85,8 @@ def job_create(
     *,
     task_set: TaskSet,
     fleet,
-    model_base_url: str,
-    model_name: str,
+    endpoint: ModelEndpoint,
+    model_name: str = "",
     samples_per_task: int = 1,
     enqueue: Enqueue | None = None,
     task_keys: list[str] | None = None,
@@ -122,13 +95,15 @@ def job_create(
     """Create a job and its first rollouts: all of them (uniform) or the first round (adaptive).
 
     Each rollout is enqueued (by id) only after the transaction commits; `enqueue` defaults to sending the
-    Celery task by name. An adaptive job's later rollouts are created as earlier ones finish.
+    Celery task by name. An adaptive job's later rollouts are created as earlier ones finish. The job's
+    model calls go to `endpoint` (a registered one) for `model_name` (default: the endpoint's first model).
     """
-    _check_job_options(samples_per_task=samples_per_task, model_base_url=model_base_url, options=options)
+    _check_job_options(samples_per_task=samples_per_task, options=options)
+    model_name = endpoint_model(endpoint, model_name)
     tasks = _job_tasks(task_set, task_keys)
     with transaction.atomic():
         job = RolloutJob.objects.create(
-            task_set=task_set, fleet=fleet, model_base_url=model_base_url, model_name=model_name,
+            task_set=task_set, fleet=fleet, endpoint=endpoint, model_name=model_name,
             samples_per_task=samples_per_task, **options,
         )
         first = selectors.job_policy(job).first_round_size
@@ -137,14 +112,17 @@ def job_create(
     return job
 
 
-def job_submit(*, task_set_name: str, fleet_name: str, created_by=None, enqueue: Enqueue | None = None,
-               **fields) -> RolloutJob:
-    """A job from names (the trainer API's way in): resolve the task set and the fleet, then job_create."""
+def job_submit(*, task_set_name: str, fleet_name: str, endpoint_name: str, created_by=None,
+               enqueue: Enqueue | None = None, **fields) -> RolloutJob:
+    """A job from names (the trainer API's way in): resolve the task set, the fleet and the model endpoint,
+    then job_create."""
     task_set = selectors.taskset_get_by_name(name=task_set_name)
     fleet = Fleet.objects.filter(name=fleet_name).first()
     if fleet is None:
         raise NotFound(f"fleet: no fleet named {fleet_name!r}", field="fleet")
-    return job_create(task_set=task_set, fleet=fleet, created_by=created_by, enqueue=enqueue, **fields)
+    endpoint = endpoint_get_by_name(name=endpoint_name)
+    return job_create(task_set=task_set, fleet=fleet, endpoint=endpoint, created_by=created_by, enqueue=enqueue,
+                      **fields)
 
 
 def _create_rollouts(job: RolloutJob, rollouts: list[Rollout], enqueue: Enqueue | None) -> list[int]:
@@ -171,7 +149,8 @@ def rollout_start(*, rollout_id: int, worker: str,
     of the same attempt opened first by another worker (IntegrityError) means the same.
     """
     now = timezone.now()  # the start is when the worker took it up, before its first query
-    rollout = (Rollout.objects.select_related("job", "job__task_set", "task", "job__fleet", "job__fleet__template")
+    rollout = (Rollout.objects.select_related("job", "job__task_set", "task", "job__fleet", "job__fleet__template",
+                                              "job__endpoint")
                .filter(pk=rollout_id, status=R.QUEUED).first())
     if rollout is None:
         return None
@@ -189,7 +168,9 @@ def _claim(rollout: Rollout, attempt: int, open_trajectory: Callable[[Rollout], 
     claim: dict[str, Any] = {"status": R.RUNNING, "worker": rollout.worker, "heartbeat_at": rollout.started_at,
              "started_at": rollout.started_at, "attempt": attempt + 1}
     if open_trajectory is not None:
-        rollout.trajectory, rollout.token = open_trajectory(rollout), _new_token()
+        # Only the hash is stored; the plaintext rides on the claimed object to the runner's harness.
+        rollout.proxy_token, rollout.token = new_rollout_token()  # type: ignore[attr-defined]
+        rollout.trajectory = open_trajectory(rollout)
         claim.update(trajectory=rollout.trajectory, token=rollout.token)
     if not Rollout.objects.filter(pk=rollout.pk, status=R.QUEUED, attempt=attempt).update(**claim):
         transaction.set_rollback(True)
@@ -438,15 +419,6 @@ def job_rerun_failed(*, job: RolloutJob, statuses: Iterable[str] = RERUNNABLE,
         RolloutJob.objects.filter(pk=job.pk).update(status=RolloutJob.Status.RUNNING, finished_at=None)
     return list(Rollout.objects.filter(pk__in=ids).order_by("id"))
 
-
-def rollout_by_token(token: str) -> Rollout | None:
-    """The running rollout a proxy token belongs to; None for unknown or finished rollouts."""
-    return (
-        Rollout.objects.filter(token=token, status=R.RUNNING)
-        .select_related("job")
-        .only("id", "trajectory_id", "job__model_base_url", "job__model_name", "job__api_key_ref")
-        .first()
-    )
 
 
 def job_get(*, job_id: int) -> RolloutJob:

@@ -40,6 +40,8 @@ TRANSPORT_FAILURES = frozenset({"upstream_timeout", "upstream_connect", "stream_
                                 "malformed_body"})
 TRANSIENT_STATUSES = frozenset({408, 409, 425, 429})
 CONFIG_STATUSES = frozenset({401, 403, 404})  # wrong key or model name: retrying the rollout cannot help
+# The proxy refused the job's endpoint (its address or key reference is not allowed): the same.
+CONFIG_FAILURES = frozenset({"endpoint_refused"})
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,8 @@ def server_failure(*, is_error: bool, payload: dict[str, Any], call_id: str | No
     message = f"model call failed: {payload.get('error') or f'HTTP {status}'}"
     if kind in TRANSPORT_FAILURES:
         return ServerFailure(message, call_id=call_id)
+    if kind in CONFIG_FAILURES:
+        return ServerFailure(message, permanent=True, call_id=call_id)
     if kind == "upstream_status" and (status >= 500 or status in TRANSIENT_STATUSES):
         return ServerFailure(message, call_id=call_id)
     if kind == "upstream_status" and status in CONFIG_STATUSES:

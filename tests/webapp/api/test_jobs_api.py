@@ -13,6 +13,7 @@ from tests.webapp.rollouts.jobs_factories import (  # noqa: F401 (celery_queue i
     celery_queue,
     drive,
     finish,
+    make_endpoint,
     make_fleet,
     make_job,
     make_task_set,
@@ -34,25 +35,28 @@ def api():
 
 
 def submit_body(task_set: TaskSet, fleet, **fields) -> dict:
-    return {"task_set": task_set.name, "fleet": fleet.name, "model_base_url": "http://127.0.0.1:8002/v1",
-            "model_name": "policy-7", **fields}
+    if "endpoint" not in fields:
+        fields["endpoint"] = make_endpoint(model_names=["policy-7"]).name
+    return {"task_set": task_set.name, "fleet": fleet.name, "model_name": "policy-7", **fields}
 
 
 def test_a_trainer_submits_a_job_by_names_and_its_rollouts_are_enqueued(
     api, celery_queue, monkeypatch, django_capture_on_commit_callbacks  # noqa: F811 (a fixture)
 ):
-    monkeypatch.setenv("POLICY_KEY", SECRET)
+    monkeypatch.setenv("TROVE_MODEL_KEY_POLICY", SECRET)
     task_set, fleet = make_task_set(["a", "b", "c"]), make_fleet()
+    endpoint = make_endpoint(name="policy-server", model_names=["policy-7"], key_ref="env:TROVE_MODEL_KEY_POLICY")
 
     with django_capture_on_commit_callbacks(execute=True):
         response = api.post("/api/v1/jobs/", submit_body(
-            task_set, fleet, api_key_ref="env:POLICY_KEY", samples_per_task=4, sampling="adaptive",
+            task_set, fleet, endpoint="policy-server", samples_per_task=4, sampling="adaptive",
             adaptive_first_round=2, max_steps=12, concurrency=3, name="run-1"), format="json")
 
     assert response.status_code == 201, response.json()
     body = response.json()
     job = RolloutJob.objects.get(pk=body["id"])
-    assert (job.task_set, job.fleet, job.created_by, job.api_key_ref) == (task_set, fleet, api.user, "env:POLICY_KEY")
+    assert (job.task_set, job.fleet, job.created_by, job.endpoint) == (task_set, fleet, api.user, endpoint)
+    assert (body["endpoint"], body["model_name"]) == ("policy-server", "policy-7")
     assert (body["name"], body["status"], body["sampling"], body["max_steps"], body["concurrency"]) == (
         "run-1", "queued", "adaptive", 12, 3)
     assert body["progress"]["issued"] == 6 and body["progress"]["total"] == 12
@@ -67,11 +71,13 @@ def test_a_trainer_submits_a_job_by_names_and_its_rollouts_are_enqueued(
 @pytest.mark.parametrize(("change", "status", "field"), [
     ({"task_set": "nope"}, 404, "task_set"),
     ({"fleet": "nope"}, 404, "fleet"),
+    ({"endpoint": "nope"}, 404, "endpoint"),
+    ({"model_name": "a-model-the-endpoint-does-not-serve"}, 400, "model_name"),
     ({"api_key_ref": "sk-pasted-key"}, 400, "api_key_ref"),
     ({"api_key": "sk-pasted-key"}, 400, "api_key"),
     ({"samples_per_task": 0}, 400, "samples_per_task"),
     ({"sampling": "greedy"}, 400, "sampling"),
-    ({"model_base_url": "ftp://x"}, 400, "model_base_url"),
+    ({"model_base_url": "http://127.0.0.1:8000/"}, 400, "model_base_url"),
     ({"task_keys": ["a", "zzz"]}, 400, "task_keys"),
 ])
 def test_bad_submissions_get_a_4xx_naming_the_field_and_create_nothing(api, change, status, field):
@@ -203,17 +209,20 @@ def test_rerun_failed_through_the_api(api):
 def test_the_api_key_itself_never_appears_in_any_response(
     api, monkeypatch, django_capture_on_commit_callbacks, celery_queue  # noqa: F811 (a fixture)
 ):
-    monkeypatch.setenv("POLICY_KEY", SECRET)
+    monkeypatch.setenv("TROVE_MODEL_KEY_POLICY", SECRET)
     task_set, fleet = make_task_set(["a"]), make_fleet()
+    make_endpoint(name="keyed", model_names=["policy-7"], key_ref="env:TROVE_MODEL_KEY_POLICY")
     with django_capture_on_commit_callbacks(execute=True):
-        job_id = api.post("/api/v1/jobs/", submit_body(task_set, fleet, api_key_ref="env:POLICY_KEY"),
+        job_id = api.post("/api/v1/jobs/", submit_body(task_set, fleet, endpoint="keyed"),
                           format="json").json()["id"]
     finish(RolloutJob.objects.get(pk=job_id).rollouts.get().pk, R.SUCCEEDED)
 
     pages = [api.get(url).content.decode() for url in (
-        "/api/v1/jobs/", f"/api/v1/jobs/{job_id}/", f"/api/v1/jobs/{job_id}/rollouts/", f"/api/v1/jobs/{job_id}/live/")]
+        "/api/v1/jobs/", f"/api/v1/jobs/{job_id}/", f"/api/v1/jobs/{job_id}/rollouts/", f"/api/v1/jobs/{job_id}/live/",
+        "/api/v1/endpoints/", "/api/v1/endpoints/keyed/")]
 
-    assert all("env:POLICY_KEY" in page for page in pages[:2])
+    assert all('"endpoint":"keyed"' in page for page in pages[:2])
+    assert all("env:TROVE_MODEL_KEY_POLICY" in page for page in pages[4:])  # the reference, for ops to check
     assert not any(SECRET in page for page in pages)
     assert SECRET not in json.dumps(list(RolloutJob.objects.values()), default=str)
 

@@ -194,7 +194,43 @@ async def _slow_stream(request: web.Request, body: dict[str, Any]) -> web.Stream
     return response
 
 
+def _sent_key(request: web.Request) -> str:
+    return request.headers.get("Authorization", "").removeprefix("Bearer ")
+
+
+ECHO_HEADERS = {"Set-Cookie": "session=abc123; HttpOnly", "Server": "gpu-node-7.internal", "X-Powered-By": "vllm",
+                "WWW-Authenticate": 'Bearer realm="internal"', "x-ratelimit-remaining-requests": "99",
+                "Retry-After": "1"}
+
+
+async def _echo_key(request: web.Request, body: dict[str, Any]) -> web.Response:
+    """An upstream that quotes the key it was sent (some servers' errors do) and sends headers a harness has
+    no business seeing."""
+    key = _sent_key(request)
+    answer = {**OK_BODY, "choices": [{"index": 0, "finish_reason": "stop",
+                                      "message": {"role": "assistant", "content": f"you sent {key}, fine"}}]}
+    return web.json_response(answer, headers={**ECHO_HEADERS, "X-Request-Id": f"req-{key}", "X-Debug-Auth": key})
+
+
+async def _echo_key_stream(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+    """The key quoted in a stream, cut across three chunks."""
+    key = _sent_key(request).encode()
+    events = (_sse(_chunk({"role": "assistant", "content": "you sent "}))
+              + _sse(_chunk({"content": f"{key.decode()}, fine"}, finish_reason="stop")) + _sse("[DONE]"))
+    at = events.index(key)
+    cuts = [0, at + 3, at + len(key) // 2, len(events)]
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Set-Cookie": "s=1"})
+    await response.prepare(request)
+    for start, end in zip(cuts, cuts[1:], strict=False):
+        await response.write(events[start:end])
+        await asyncio.sleep(0.005)
+    await response.write_eof()
+    return response
+
+
 SCENARIOS = {
+    "scripted-echo-key": _echo_key,
+    "scripted-echo-key-stream": _echo_key_stream,
     "scripted-slow-stream": _slow_stream,
     "scripted-500": _fail_500,
     "scripted-hang": _hang,
@@ -245,14 +281,23 @@ def harness(upstream: UpstreamState) -> Iterator[ProxyHarness]:
     records: list[CallRecord] = []
     sink = InProcessSink(records.extend)
     upstream_v1 = f"{upstream.url}/v1"
+    loopback = {"allow_private_network": True}  # the scripted upstream listens on 127.0.0.1
     targets = {
-        "tok-good": Target("rollout-1", "traj-1", upstream_v1, UPSTREAM_KEY),
+        "tok-good": Target("rollout-1", "traj-1", upstream_v1, UPSTREAM_KEY, **loopback),
         "tok-override": Target(
-            "rollout-2", "traj-2", upstream_v1, UPSTREAM_KEY, model_override="served-model"
+            "rollout-2", "traj-2", upstream_v1, UPSTREAM_KEY, model_override="served-model", **loopback
         ),
         "tok-unreachable": Target(
-            "rollout-3", "traj-3", f"http://127.0.0.1:{closed_port()}/v1", UPSTREAM_KEY
+            "rollout-3", "traj-3", f"http://127.0.0.1:{closed_port()}/v1", UPSTREAM_KEY, **loopback
         ),
+        # The same upstream, for an endpoint registered without allow_private_network.
+        "tok-public-only": Target("rollout-4", "traj-4", upstream_v1, UPSTREAM_KEY, endpoint="public-only"),
+        "tok-localhost": Target("rollout-5", "traj-5", upstream_v1.replace("127.0.0.1", "localhost"), UPSTREAM_KEY,
+                                endpoint="by-name"),
+        "tok-refused": Target("rollout-6", "traj-6", upstream_v1, UPSTREAM_KEY, endpoint="keyless",
+                              refusal="endpoint 'keyless' cannot be used: key_ref: the variable X is not set", **loopback),
+        "tok-messages": Target("rollout-7", "traj-7", upstream_v1, UPSTREAM_KEY, endpoint="claude", protocol="messages",
+                               **loopback),
     }
 
     async def resolve(token: str) -> Target | None:

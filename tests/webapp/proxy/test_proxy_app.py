@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
-import threading
 
 from tests.webapp.proxy.harness import (
     BROKEN_STREAM_PART,
@@ -14,7 +12,6 @@ from tests.webapp.proxy.harness import (
     OK_BODY,
     UPSTREAM_KEY,
     ProxyHarness,
-    Reply,
     UpstreamState,
     new_call_id,
     read_first_chunk_and_hang_up,
@@ -24,7 +21,7 @@ from tests.webapp.proxy.harness import (
 from webapp.proxy.app import Target, make_proxy_app
 from webapp.proxy.recorder import InProcessSink
 from webapp.proxy.records import CallRecord
-from webapp.proxy.server import ProxyServer, serve_in_thread
+from webapp.proxy.server import serve_in_thread
 
 MESSAGES = [
     {"role": "system", "content": "You are a careful engineer."},
@@ -300,8 +297,6 @@ def test_healthz_answers_ok(harness: ProxyHarness):
 
 
 def test_the_target_repr_hides_the_upstream_key():
-    from webapp.proxy.app import Target
-
     target = Target("r", "t", "http://upstream/v1", UPSTREAM_KEY)
 
     assert UPSTREAM_KEY not in repr(target)
@@ -317,87 +312,6 @@ def test_a_token_that_cannot_be_checked_gets_503_not_401():
     try:
         reply = send(f"{server.base_url}/r/any-token/v1/chat/completions",
                      body={"model": "scripted-ok", "messages": MESSAGES})
-    finally:
-        server.stop()
-        sink.close(5)
-
-    assert reply.status == 503 and reply.json()["error"]["code"] == "token_check_unavailable"
-    assert records == []
-
-
-def _confirming_proxy(upstream: UpstreamState, confirm) -> tuple[ProxyServer, InProcessSink, list[CallRecord]]:
-    """A proxy whose token resolution is a cache hit, checked beside the upstream call by `confirm`."""
-    target = Target("rollout-c", "traj-c", f"{upstream.url}/v1", UPSTREAM_KEY)
-
-    async def cached(token: str) -> Target | None:
-        return target
-
-    records: list[CallRecord] = []
-    sink = InProcessSink(records.extend)
-    server = serve_in_thread(make_proxy_app(resolve=cached, confirm=confirm, sink=sink), shutdown_timeout=0.5)
-    return server, sink, records
-
-
-def test_a_call_whose_token_the_check_refuses_gets_401_and_is_not_recorded(upstream: UpstreamState):
-    async def finished(token: str) -> bool:
-        return False
-
-    server, sink, records = _confirming_proxy(upstream, finished)
-    try:
-        url = f"{server.base_url}/r/finished/v1/chat/completions"
-        plain = send(url, body={"model": "scripted-ok", "messages": MESSAGES})
-        streamed = send(url, body={"model": "scripted-stream", "messages": MESSAGES, "stream": True})
-        models = send(f"{server.base_url}/r/finished/v1/models", method="GET")
-        sink.flush(5)
-    finally:
-        server.stop()
-        sink.close(5)
-
-    assert (plain.status, streamed.status, models.status) == (401, 401, 401)
-    assert streamed.headers["Content-Type"].startswith("application/json"), "no byte of the stream got out"
-    assert streamed.json()["error"]["code"] == "invalid_token"
-    assert records == []
-
-
-def test_a_call_is_forwarded_beside_its_token_check_and_answered_only_after_it(upstream: UpstreamState):
-    opened = threading.Event()
-    forwarded_before_the_check_ended: list[bool] = []
-
-    async def slow_check(token: str) -> bool:
-        requests_before = len(upstream.requests)
-        while not opened.is_set():
-            await asyncio.sleep(0.01)
-        forwarded_before_the_check_ended.append(len(upstream.requests) > requests_before)
-        return True
-
-    server, sink, records = _confirming_proxy(upstream, slow_check)
-    replies: list[Reply] = []
-    try:
-        caller = threading.Thread(target=lambda: replies.append(
-            send(f"{server.base_url}/r/good/v1/chat/completions", body={"model": "scripted-ok", "messages": MESSAGES},
-                 call_id="checked-call")))
-        caller.start()
-        caller.join(0.5)
-        answered_before_the_check = bool(replies)
-        opened.set()
-        caller.join(10)
-        sink.flush(5)
-    finally:
-        server.stop()
-        sink.close(5)
-
-    assert not answered_before_the_check and forwarded_before_the_check_ended == [True]
-    assert replies[0].status == 200 and [r.call_id for r in records] == ["checked-call"]
-
-
-def test_a_token_check_that_cannot_answer_gets_503_and_the_call_is_not_recorded(upstream: UpstreamState):
-    async def database_down(token: str) -> bool:
-        raise ConnectionError("the database is restarting")
-
-    server, sink, records = _confirming_proxy(upstream, database_down)
-    try:
-        reply = send(f"{server.base_url}/r/any/v1/chat/completions", body={"model": "scripted-ok", "messages": MESSAGES})
-        sink.flush(5)
     finally:
         server.stop()
         sink.close(5)

@@ -24,7 +24,7 @@ def test_it_serves_on_a_unix_socket_and_tcp_at_once(tmp_path, upstream: Upstream
     sink = InProcessSink(records.extend)
 
     async def resolve(token: str) -> Target | None:
-        return Target("r", "t", f"{upstream.url}/v1") if token == "tok" else None
+        return Target("r", "t", f"{upstream.url}/v1", allow_private_network=True) if token == "tok" else None
 
     path = str(tmp_path / "proxy.sock")
     server = serve_in_thread(make_proxy_app(resolve=resolve, sink=sink), port=0, unix_path=path)
@@ -74,7 +74,7 @@ def make_app():
         with open(path, "a") as recorded:
             recorded.writelines(record.call_id + "\\n" for record in batch)
 
-    target = Target("r", "t", upstream + "/v1")
+    target = Target("r", "t", upstream + "/v1", allow_private_network=True)
 
     async def resolve(token):
         return target

@@ -19,7 +19,7 @@ from webapp.proxy.recorder import InProcessSink
 from webapp.proxy.server import ProxyServer, serve_in_thread
 from webapp.proxy.tokens import PostgresLookup, ThreadLookup, TokenResolver
 from webapp.proxy.wiring import TOKEN_RESOLVER, make_trove_proxy_app
-from webapp.rollouts.models import Rollout
+from webapp.rollouts.models import Rollout, rollout_token_hash
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ON_POSTGRES = django_settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
@@ -56,11 +56,11 @@ def test_a_running_rollouts_call_goes_to_its_job_upstream_with_its_key_and_becom
     trove_proxy, upstream: UpstreamState, monkeypatch
 ):
     server, sink = trove_proxy
-    monkeypatch.setenv("TROVE_TEST_MODEL_KEY", "sk-job-secret")
-    rollout = running_rollout(upstream_v1=f"{upstream.url}/v1", api_key_ref="env:TROVE_TEST_MODEL_KEY")
+    monkeypatch.setenv("TROVE_MODEL_KEY_TEST", "sk-job-secret")
+    rollout = running_rollout(upstream_v1=f"{upstream.url}/v1", key_ref="env:TROVE_MODEL_KEY_TEST")
     call_id = new_call_id()
 
-    reply = send(chat_url(server, rollout.token), body=BODY, call_id=call_id)
+    reply = send(chat_url(server, rollout.proxy_token), body=BODY, call_id=call_id)
     sink.flush(10)
 
     assert reply.status == 200 and reply.json()["choices"][0]["message"]["content"] == "ls -la"
@@ -75,11 +75,11 @@ def test_a_finished_rollouts_token_gets_401_on_its_very_next_call(trove_proxy, u
     server, sink = trove_proxy
     rollout = running_rollout(upstream_v1=f"{upstream.url}/v1")
     first, late = new_call_id(), new_call_id()
-    assert send(chat_url(server, rollout.token), body=BODY, call_id=first).status == 200
+    assert send(chat_url(server, rollout.proxy_token), body=BODY, call_id=first).status == 200
 
     finish(rollout)
-    reply = send(chat_url(server, rollout.token), body=BODY, call_id=late)
-    models = send(f"{server.base_url}/r/{rollout.token}/v1/models", method="GET")
+    reply = send(chat_url(server, rollout.proxy_token), body=BODY, call_id=late)
+    models = send(f"{server.base_url}/r/{rollout.proxy_token}/v1/models", method="GET")
     sink.flush(10)
 
     assert reply.status == 401 and reply.json()["error"]["code"] == "invalid_token"
@@ -90,10 +90,10 @@ def test_a_finished_rollouts_token_gets_401_on_its_very_next_call(trove_proxy, u
 def test_a_token_replaced_by_a_new_attempt_gets_401_and_the_new_one_works(trove_proxy, upstream: UpstreamState):
     server, sink = trove_proxy
     rollout = running_rollout(upstream_v1=f"{upstream.url}/v1")
-    old_token = rollout.token
+    old_token = rollout.proxy_token
     assert send(chat_url(server, old_token), body=BODY).status == 200
 
-    Rollout.objects.filter(pk=rollout.pk).update(token="a-new-attempts-token")
+    Rollout.objects.filter(pk=rollout.pk).update(token=rollout_token_hash("a-new-attempts-token"))
 
     assert send(chat_url(server, old_token), body=BODY).status == 401
     assert send(chat_url(server, "a-new-attempts-token"), body=BODY).status == 200
@@ -116,7 +116,7 @@ def test_calls_arriving_together_share_token_lookups(trove_proxy, upstream: Upst
     async def burst() -> list[int]:
         async with aiohttp.ClientSession() as session:
             async def one() -> int:
-                async with session.post(chat_url(server, rollout.token), json=BODY) as response:
+                async with session.post(chat_url(server, rollout.proxy_token), json=BODY) as response:
                     await response.read()
                     return response.status
 
@@ -135,11 +135,11 @@ def test_calls_arriving_together_share_token_lookups(trove_proxy, upstream: Upst
 def test_a_lookup_connection_the_database_dropped_is_replaced(trove_proxy, upstream: UpstreamState):
     server, _ = trove_proxy
     rollout = running_rollout(upstream_v1=f"{upstream.url}/v1")
-    assert send(chat_url(server, rollout.token), body=BODY).status == 200  # the lookup thread is connected
+    assert send(chat_url(server, rollout.proxy_token), body=BODY).status == 200  # the lookup thread is connected
 
     with connection.cursor() as cursor:  # what a database restart does to the lookup thread's connection
         cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                        "WHERE datname = current_database() AND pid <> pg_backend_pid()")
 
-    assert send(chat_url(server, rollout.token), body=BODY).status == 200
+    assert send(chat_url(server, rollout.proxy_token), body=BODY).status == 200
 

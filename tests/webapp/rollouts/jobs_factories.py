@@ -17,7 +17,7 @@ from django.conf import settings
 
 from webapp.fleets import services as fleet_services
 from webapp.fleets.models import Fleet
-from webapp.rollouts.models import Rollout, RolloutJob, TaskSet
+from webapp.rollouts.models import ModelEndpoint, Rollout, RolloutJob, TaskSet
 from webapp.rollouts.services import job_create, rollout_finish, rollout_start, taskset_upsert
 
 R = Rollout.Status
@@ -46,9 +46,20 @@ def make_task_set(keys: list[str], name: str | None = None) -> TaskSet:
     return taskset_upsert(name=name or f"set-{uuid.uuid4().hex[:6]}", description="", source="api", tasks=tasks)
 
 
+def make_endpoint(base_url: str = "http://127.0.0.1:9/v1", *, name: str | None = None,
+                  model_names: list[str] | None = None, **fields) -> ModelEndpoint:
+    """A registered model endpoint, through the real registration (loopback allowed unless told otherwise)."""
+    from webapp.rollouts.endpoints import endpoint_register
+
+    fields.setdefault("allow_private_network", True)
+    return endpoint_register(name=name or f"ep-{uuid.uuid4().hex[:8]}", base_url=base_url,
+                             protocol=fields.pop("protocol", "chat"), model_names=model_names or ["stand-in"],
+                             **fields)
+
+
 def make_job(keys: list[str], *, enqueue: Enqueued | None = None, **options) -> RolloutJob:
-    options.setdefault("model_base_url", "http://127.0.0.1:9/v1")
-    options.setdefault("model_name", "stand-in")
+    if "endpoint" not in options:
+        options["endpoint"] = make_endpoint(model_names=[options.get("model_name") or "stand-in"])
     return job_create(task_set=make_task_set(keys), fleet=make_fleet(), enqueue=enqueue or Enqueued(), **options)
 
 

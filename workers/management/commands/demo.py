@@ -1,7 +1,8 @@
 """`manage.py demo`: seed, run a rollout job of every demo task x N samples, print a summary, serve.
 
 The demo model is an offline stand-in for a real model server; any OpenAI-compatible base URL works in
-its place (`--model-url`).
+its place (`--model-url`). Either is registered as a model endpoint (`demo-model`, `demo-external`) with
+private addresses allowed: whoever runs `manage.py demo` administers this Trove.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from django.db.models import Sum
 
 from webapp.rollouts.models import Rollout, RolloutJob
 from webapp.rollouts.services import job_create, job_progress
-from workers.seed import DEMO_MODEL_NAME, seed_admin, seed_demo_task_set, seed_local_fleet
-from workers.stack import start_embedded_stack
+from workers.seed import DEMO_MODEL_NAME, seed_admin, seed_demo_endpoint, seed_demo_task_set, seed_local_fleet
+from workers.stack import demo_model_v1, start_embedded_stack
 from workers.tasks.fleets import reconcile_all
 from workers.tasks.rollouts import enqueue_rollout
 
@@ -50,12 +51,13 @@ class Command(BaseCommand):
         username, password = seed_admin()
         stack = start_embedded_stack(demo_model=not options["model_url"], concurrency=options["concurrency"])
         try:
-            model_url = options["model_url"] or f"{stack.demo_model_url.rstrip('/').removesuffix('/v1')}/v1"
-            self.stdout.write(f"Proxy on {stack.proxy_url}; model {options['model_name']} at {model_url}"
-                              + (" (demo stand-in, offline)" if not options["model_url"] else ""))
+            endpoint = self._endpoint(stack, options)
+            self.stdout.write(f"Proxy on {stack.proxy_url}; model {options['model_name']} at {endpoint.base_url} "
+                              f"(endpoint {endpoint.name}"
+                              + (", demo stand-in, offline)" if not options["model_url"] else ")"))
             reconcile_all()  # warm the pool before the job starts
             started = time.monotonic()
-            job = job_create(task_set=task_set, fleet=fleet, model_base_url=model_url, model_name=options["model_name"],
+            job = job_create(task_set=task_set, fleet=fleet, endpoint=endpoint, model_name=options["model_name"],
                              samples_per_task=options["samples"], max_steps=options["max_steps"],
                              task_keys=self._task_keys(task_set, options["tasks"]),
                              name=f"demo: {task_set.name} x {options['samples']}", enqueue=enqueue_rollout)
@@ -70,6 +72,13 @@ class Command(BaseCommand):
             self.stdout.write("Stopping: destroying the demo's sandboxes ...")
             with _signals_held():  # a second Ctrl-C must not cut the cleanup short
                 stack.stop()
+
+    @staticmethod
+    def _endpoint(stack, options):
+        if options["model_url"]:
+            return seed_demo_endpoint(options["model_url"], name="demo-external", model_name=options["model_name"],
+                                      description="The model server `manage.py demo --model-url` was given.")
+        return seed_demo_endpoint(demo_model_v1(stack.demo_model_url), model_name=options["model_name"])
 
     @staticmethod
     def _task_keys(task_set, limit: int) -> list[str] | None:
