@@ -55,6 +55,8 @@ class TemplateInputSerializer(serializers.Serializer):
     max_lifetime_s = serializers.IntegerField(min_value=1, max_value=INT_MAX, required=False)
     idle_timeout_s = serializers.IntegerField(min_value=1, max_value=INT_MAX, required=False)
     reusable = serializers.BooleanField(required=False)
+    eval_mode = serializers.ChoiceField(choices=EnvironmentTemplate.EvalMode.choices, required=False,
+                                        help_text="in-place (default) or fresh-sandbox: where rollouts are evaluated")
 
 
 class FleetSerializer(serializers.ModelSerializer):
