@@ -3,11 +3,12 @@
 On disk, under `root` (0711, owned by the user running Trove):
     <name>/meta.json     labels, secret, cgroup directories, supervisor pid and start time (0600)
     <name>/workspace/    bound read-write at /workspace (owned by the sandbox's host uid)
-    <name>/run/          bound at /run/trove; the agent's socket appears here once it is ready
+    <name>/agent.sock    the agent's listening socket (0600): bound here by the host and handed to the agent
+                         (see bwrap.py), so the sandbox cannot see, replace or redirect it
     <name>/bwrap.log     stderr of the supervisor, bubblewrap and the agent
     <name>/status.json   bubblewrap's --json-status-fd output (child pid, namespace ids, exit code)
     .shared/             agent.py and the generated /etc files, bound read-only into every sandbox
-Nothing under <name>/ is visible inside the sandbox except workspace/ and run/.
+Nothing under <name>/ is visible inside the sandbox except workspace/.
 
 Process design. A sandbox is created by one process (a Celery worker, the reconciler) and used and destroyed
 by others, and workers die and restart; so a sandbox must not depend on its creator staying alive. The
@@ -27,8 +28,10 @@ by start time against pid reuse), and every process left in the sandbox's cgroup
 cgroups and the directory, and verifies that none of it is left. bwrap's mounts live in the sandbox's own
 mount namespace and vanish with its last process; the host mount table never sees them.
 
-Privileges: when Trove runs as root, bubblewrap runs as the unprivileged host uid `host_uid` (via setpriv),
-mapped to uid 1000 inside. Without that, uid 1000 inside would map to host root, and root owns most host
+Privileges: when Trove runs as root, commands run as the unprivileged host uid `host_uid`, mapped to uid 1000
+inside, and the agent as another one, `agent_uid` (mapped to 0 inside, holding only CAP_SETUID/CAP_SETGID to
+start commands as 1000): bubblewrap runs as `agent_uid` (via setpriv) and the creator writes the two-user map
+(see bwrap.py), so no command can signal, trace or read the agent. Without that, uid 1000 inside would map to host root, and root owns most host
 files: a sandbox escape, or a writable bind, would act as root's file owner. When Trove runs as an ordinary
 user, bubblewrap runs as the current user (unprivileged user namespaces). bwrap opens
 bind sources as the uid it runs as, so `root` must be reachable by it: a root with a parent directory that
@@ -72,6 +75,7 @@ from typing import Any, NoReturn
 from workers.sandboxes import bwrap, procs, quota, seccomp
 from workers.sandboxes.agent_client import AgentClient
 from workers.sandboxes.base import (
+    AgentIntegrityError,
     AgentUnavailable,
     ExecResult,
     SandboxBackend,
@@ -88,11 +92,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_ROOT = "var/sandboxes"
 # An otherwise unused host uid for sandbox processes (in Debian's "allocated on demand" range).
 DEFAULT_HOST_UID = 64999
+# Another one for the in-sandbox agent, so that commands (DEFAULT_HOST_UID) cannot touch it.
+DEFAULT_AGENT_UID = 64998
+USERNS_SETUP_TIMEOUT = 30.0  # bubblewrap reports its child's pid within milliseconds of starting
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 AGENT_SOURCE = Path(__file__).with_name("agent.py")
 # Trove's example harnesses, copied to .shared/harness and bound read-only at /opt/trove/harness.
 HARNESS_EXAMPLES = Path(__file__).resolve().parents[1] / "harness" / "examples"
-UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 LOG_TAIL = 4000
 KILL_TIMEOUT = 10.0
 SUPERVISOR_EXIT_GRACE = 5.0  # after the namespace init is killed, bwrap and the supervisor exit in ms
@@ -112,6 +118,7 @@ class LocalBackend(SandboxBackend):
         root: str | os.PathLike[str] = DEFAULT_ROOT,
         *,
         host_uid: int | None = DEFAULT_HOST_UID,
+        agent_uid: int = DEFAULT_AGENT_UID,
         cgroup_parent: str = "trove",
         use_cgroups: bool = True,
         default_pids: int | None = 1024,
@@ -129,6 +136,11 @@ class LocalBackend(SandboxBackend):
                                "1000 inside mapped to it): give an unprivileged host_uid", reason="bad_host_uid",
                                permanent=True)
         self.host_uid: int | None = host_uid if os.geteuid() == 0 else None
+        if self.host_uid is not None and agent_uid in (0, self.host_uid):
+            raise SandboxError(f"agent_uid {agent_uid} must be an unprivileged uid other than host_uid "
+                               f"{self.host_uid}: commands could signal and trace an agent of their own uid",
+                               reason="bad_agent_uid", permanent=True)
+        self.agent_uid = agent_uid
         self.defaults = Limits(cpu=default_cpu, memory_mb=default_memory_mb, pids=default_pids)
         self.allow_host_network = allow_host_network
         self.bwrap_path = bwrap_path
@@ -243,10 +255,9 @@ class LocalBackend(SandboxBackend):
     def _launch(self, spec: SandboxSpec, paths: bwrap.SandboxPaths) -> dict[str, Any]:
         """Lay out the directory, make the cgroups, start the supervisor. Returns the meta written."""
         launch = self._launch_config(spec, paths)
-        for path, mode in ((paths.workspace, 0o755), (paths.run, 0o700)):
-            os.mkdir(path, mode)
-            if self.host_uid is not None:
-                os.chown(path, self.host_uid, self.host_uid)
+        os.mkdir(paths.workspace, 0o755)
+        if self.host_uid is not None:
+            os.chown(paths.workspace, self.host_uid, self.host_uid)
         self._mount_workspace(spec, paths)
         meta: dict[str, Any] = {"name": spec.name, "labels": dict(spec.labels), "secret": secrets.token_urlsafe(32),
                                 "created_at": time.time(), "network": spec.network}
@@ -303,10 +314,10 @@ class LocalBackend(SandboxBackend):
             raise SandboxStartFailed(
                 f"proxy socket directory {directory!r} holds other files too ({others[0]!r}, ...): give the proxy "
                 "socket a directory of its own", reason="proxy_socket_dir", permanent=True)
-        blocked = _untraversable_ancestor(directory, self.host_uid) if self.host_uid is not None else None
+        blocked = _untraversable_ancestor(directory, self.agent_uid) if self.host_uid is not None else None
         if blocked:
-            raise SandboxStartFailed(f"proxy socket {path!r}: {blocked} is not searchable by the sandbox uid "
-                                     f"{self.host_uid}", reason="proxy_socket_access", permanent=True)
+            raise SandboxStartFailed(f"proxy socket {path!r}: {blocked} is not searchable by the agent's uid "
+                                     f"{self.agent_uid}", reason="proxy_socket_access", permanent=True)
         return path
 
     def _limits(self, spec: SandboxSpec) -> Limits:
@@ -315,27 +326,44 @@ class LocalBackend(SandboxBackend):
                       pids=spec.pids if spec.pids is not None else self.defaults.pids)
 
     def _start_supervisor(self, launch: bwrap.Launch, meta: dict[str, Any]) -> subprocess.Popen:
-        setpriv = [] if self.host_uid is None else [
-            self.setpriv, f"--reuid={self.host_uid}", f"--regid={self.host_uid}", "--clear-groups", "--"]
-        launch = dataclasses.replace(launch, seccomp_fd=seccomp.program_fd(self.seccomp_program))
+        """Start the supervisor with the agent's socket and secret on its stdin (a Unix socket) and, with two
+        users, write the user namespace's map before bwrap goes on. Raises SandboxStartFailed."""
+        bwrap_uid = self.agent_uid if self._two_users() else None
+        setpriv = [] if bwrap_uid is None else [
+            self.setpriv, f"--reuid={bwrap_uid}", f"--regid={bwrap_uid}", "--clear-groups", "--"]
+        listener = _bind_agent_socket(launch.paths)
+        host_end, agent_end = socket.socketpair()
+        uid_map = _UidMapChannel() if self._two_users() else None
+        launch = dataclasses.replace(launch, seccomp_fd=seccomp.program_fd(self.seccomp_program),
+                                     uid_map_fds=uid_map.child_fds if uid_map else None)
         try:
             argv = bwrap.supervisor_argv(launch, cgroup_dirs=meta["cgroups"], bwrap=self.bwrap_path,
                                          setpriv=setpriv)
             with open(launch.paths.log, "wb") as log:
-                supervisor = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                supervisor = subprocess.Popen(argv, stdin=agent_end, stdout=subprocess.PIPE, stderr=log,
                                               start_new_session=True, env={"PATH": "/usr/bin:/bin"},
-                                              pass_fds=(launch.seccomp_fd,))
+                                              pass_fds=(launch.seccomp_fd, *(launch.uid_map_fds or ())))
+        except BaseException:
+            listener.close()
+            host_end.close()
+            if uid_map is not None:
+                uid_map.close_parent_ends()
+            raise
         finally:
             os.close(launch.seccomp_fd)  # type: ignore[arg-type]  # the supervisor holds its own copy
+            agent_end.close()
+            if uid_map is not None:
+                uid_map.close_child_ends()
         with _supervisors_lock:
             _supervisors[launch.paths.dir] = supervisor
-        assert supervisor.stdin is not None
-        try:
-            supervisor.stdin.write(meta["secret"].encode())  # read by the agent as --secret-file -
-            supervisor.stdin.close()
-        except BrokenPipeError:
-            pass  # it died already; the readiness wait reports why
+        _hand_over(host_end, listener, meta["secret"])
+        if uid_map is not None:
+            uid_map.complete(self.agent_uid, self.host_uid)  # type: ignore[arg-type]  # _two_users()
         return supervisor
+
+    def _two_users(self) -> bool:
+        """The agent and the commands get host uids of their own (possible only as root)."""
+        return self.host_uid is not None
 
     def _await_ready(self, name: str, meta: dict[str, Any], *, timeout: float,
                      ready_pipe: subprocess.Popen | None = None) -> SandboxHandle:
@@ -388,7 +416,7 @@ class LocalBackend(SandboxBackend):
             return "provisioning"
         if not _supervisor_alive(meta, paths):
             return "failed"
-        return "ready" if os.path.exists(paths.socket) else "provisioning"
+        return "ready" if _agent_listening(paths.socket) else "provisioning"
 
     def _handle(self, name: str, meta: dict[str, Any], *, state: str) -> SandboxHandle:
         paths = self._paths(name)
@@ -425,9 +453,9 @@ class LocalBackend(SandboxBackend):
         reach is refused. Never fall back to running bwrap as root (uid 1000 inside would be host root)."""
         if self.host_uid is None:
             return  # not root: bwrap runs as the current user, who made the root
-        blocked = _untraversable_ancestor(self.root, self.host_uid)
+        blocked = _untraversable_ancestor(self.root, self.agent_uid)
         if blocked:
-            raise SandboxError(unreachable_root_message(self.root, blocked, self.host_uid),
+            raise SandboxError(unreachable_root_message(self.root, blocked, self.agent_uid),
                                reason="sandbox_root_unreachable", permanent=True)
 
     def _install_harnesses(self, source: Path) -> None:
@@ -449,25 +477,169 @@ def check_name(name: str) -> None:
 
 
 class LocalAgentClient(AgentClient):
-    """AgentClient that also reaches a socket whose path is longer than sun_path allows (deep `root`s):
-    it connects through an O_PATH descriptor of the socket's directory (/proc/self/fd/N/agent.sock)."""
+    """AgentClient for the agent's host-side socket. It connects only to a socket file that is no symlink and
+    is owned by us, in a directory owned by us that nobody else can write (else AgentIntegrityError), and it
+    connects through an O_PATH descriptor of that very file (/proc/self/fd/N): nothing can be swapped in
+    between the check and the connect, and a socket path longer than sun_path allows still works."""
 
     def _connect(self) -> socket.socket:
-        path = self.endpoint.removeprefix("unix:")
-        if not self.endpoint.startswith("unix:") or len(os.fsencode(path)) <= UNIX_PATH_MAX:
+        if not self.endpoint.startswith("unix:"):
             return super()._connect()
+        fd = _open_agent_socket(self.endpoint.removeprefix("unix:"))
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.connect_timeout)
         try:
-            dir_fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
-            try:
-                sock.connect(f"/proc/self/fd/{dir_fd}/{os.path.basename(path)}")
-            finally:
-                os.close(dir_fd)
+            sock.connect(f"/proc/self/fd/{fd}")
         except BaseException:
             sock.close()
             raise
+        finally:
+            os.close(fd)
         return sock
+
+
+def _open_agent_socket(path: str) -> int:
+    """An O_PATH descriptor of the agent socket at `path`, checked (see LocalAgentClient). A missing socket is
+    AgentUnavailable (the sandbox is gone); one that fails a check is AgentIntegrityError."""
+    directory = os.path.dirname(path)
+    try:
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
+    except FileNotFoundError as exc:
+        raise AgentUnavailable(f"no agent socket at {path}", reason="agent_unavailable") from exc
+    try:
+        found, parent = os.fstat(fd), os.lstat(directory)
+        problem = _socket_problem(found, parent)
+    except BaseException:
+        os.close(fd)
+        raise
+    if problem:
+        os.close(fd)
+        raise AgentIntegrityError(f"refusing the agent socket {path}: {problem}", reason="agent_socket")
+    return fd
+
+
+def _socket_problem(found: os.stat_result, parent: os.stat_result) -> str:
+    me = os.geteuid()
+    if stat.S_ISLNK(found.st_mode):
+        return "it is a symlink"
+    if not stat.S_ISSOCK(found.st_mode):
+        return "it is not a socket"
+    if found.st_uid != me:
+        return f"it is owned by uid {found.st_uid}, not {me}"
+    if not stat.S_ISDIR(parent.st_mode) or parent.st_uid != me or parent.st_mode & 0o022:
+        return f"its directory is not a directory owned by uid {me} that only it can write"
+    return ""
+
+
+def _bind_agent_socket(paths: bwrap.SandboxPaths) -> socket.socket:
+    """The agent's socket, bound (not listening: a connection is refused until the agent listens) at
+    paths.socket, mode 0600. Bound through a descriptor of the directory, for paths beyond sun_path."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        dir_fd = os.open(paths.dir, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            sock.bind(f"/proc/self/fd/{dir_fd}/{bwrap.SOCKET_NAME}")
+            os.chmod(bwrap.SOCKET_NAME, 0o600, dir_fd=dir_fd)  # just made by us in our own directory
+        finally:
+            os.close(dir_fd)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _hand_over(host_end: socket.socket, listener: socket.socket, secret: str) -> None:
+    """Send the agent its secret and its listening socket (SCM_RIGHTS), then let go of both: the agent holds
+    the only copy of the socket, so a dead agent means refused connections, not a silent backlog."""
+    try:
+        socket.send_fds(host_end, [secret.encode() + b"\n"], [listener.fileno()])
+        host_end.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # it died already; the readiness wait reports why
+    finally:
+        host_end.close()
+        listener.close()
+
+
+def _agent_listening(path: str) -> bool:
+    """The agent has taken over its socket and listens on it (a connect is not refused). Connects without
+    sending anything: the agent drops such a connection at once."""
+    try:
+        fd = _open_agent_socket(path)
+    except SandboxError:
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.setblocking(False)
+        probe.connect(f"/proc/self/fd/{fd}")
+        return True
+    except BlockingIOError:
+        return True  # listening, with a full backlog
+    except OSError:
+        return False
+    finally:
+        probe.close()
+        os.close(fd)
+
+
+class _UidMapChannel:
+    """The two pipes of the two-user start (see bwrap.Launch.uid_map_fds): bwrap reports its child's pid on
+    the first and waits on the second until the creator has written the user namespace's map."""
+
+    def __init__(self) -> None:
+        self.info_r, self.info_w = os.pipe()
+        self.block_r, self.block_w = os.pipe()
+
+    @property
+    def child_fds(self) -> tuple[int, int]:
+        return self.info_w, self.block_r
+
+    def close_child_ends(self) -> None:
+        os.close(self.info_w)
+        os.close(self.block_r)
+
+    def close_parent_ends(self) -> None:
+        os.close(self.info_r)
+        os.close(self.block_w)
+
+    def complete(self, agent_uid: int, command_uid: int) -> None:
+        """Map uid/gid 0 to `agent_uid` and 1000 to `command_uid` in bwrap's new user namespace and let bwrap
+        go on. Raises SandboxStartFailed if bwrap died first or the map cannot be written (bwrap then stays
+        blocked, or fails on an unmapped uid: the agent never runs with the wrong users)."""
+        try:
+            pid = _read_child_pid(self.info_r, time.monotonic() + USERNS_SETUP_TIMEOUT)
+            if pid is None:
+                raise SandboxStartFailed("bubblewrap exited before it made the user namespace", reason="exited")
+            mapping = bwrap.uid_map(agent_uid, command_uid)
+            try:
+                for name in ("uid_map", "gid_map"):
+                    with open(f"/proc/{pid}/{name}", "w") as f:
+                        f.write(mapping)
+            except OSError as exc:
+                raise SandboxStartFailed(f"cannot map the sandbox's users (pid {pid}): {exc}",
+                                         reason="uid_map") from exc
+            os.write(self.block_w, b"1")
+        finally:
+            self.close_parent_ends()
+
+
+def _read_child_pid(fd: int, deadline: float) -> int | None:
+    """bwrap's child pid from its --info-fd JSON; None if bwrap exited (end of stream) or the deadline passed."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    received = b""
+    while True:
+        remaining_ms = (deadline - time.monotonic()) * 1000
+        if remaining_ms <= 0 or not poller.poll(remaining_ms):
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return None
+        received += chunk
+        try:
+            return int(json.loads(received)["child-pid"])
+        except (ValueError, KeyError):
+            continue  # not all of it yet
 
 
 def _client(handle: SandboxHandle) -> AgentClient:
@@ -510,10 +682,10 @@ def _close_ready_pipe(supervisor: subprocess.Popen | None) -> None:
 
 
 def _poll_for_socket(paths: bwrap.SandboxPaths, meta: dict[str, Any], deadline: float) -> bool:
-    """For a sandbox started elsewhere: poll (short backoff) until its socket exists (True), its
+    """For a sandbox started elsewhere: poll (short backoff) until its agent listens (True), its
     supervisor is gone (False) or the deadline passes (True: let the ping decide)."""
     delay = 0.0005
-    while not os.path.exists(paths.socket):
+    while not _agent_listening(paths.socket):
         if not _supervisor_alive(meta, paths):
             return False
         if time.monotonic() > deadline:
