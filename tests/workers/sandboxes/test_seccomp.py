@@ -218,6 +218,28 @@ def test_an_x32_syscall_kills_the_process(backend, sandbox):
     assert result.stdout.strip().endswith(f"exit {128 + signal.SIGSYS}")
 
 
+I386_GETPID = textwrap.dedent("""
+    import ctypes, mmap
+    code = bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3])  # mov eax, 20 (getpid in the i386 ABI); int 0x80; ret
+    page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    page.write(code)
+    print("survived", ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(page)))())
+""")
+
+
+@pytest.mark.skipif(ARCH != "x86_64", reason="the i386 ABI on x86_64")
+def test_a_syscall_through_the_i386_abi_kills_the_process(backend, sandbox):
+    unfiltered = subprocess.run(["/usr/bin/python3", "-I", "-c", I386_GETPID], capture_output=True, text=True)
+    if "survived" not in unfiltered.stdout:
+        pytest.skip("this kernel has no i386 emulation: int 0x80 fails with or without the filter")
+    backend.write_file(sandbox, "i386.py", I386_GETPID.encode())
+
+    result = backend.exec(sandbox, 'python3 -I i386.py; echo "exit $?"')
+
+    assert "survived" not in result.stdout
+    assert result.stdout.strip().endswith(f"exit {128 + signal.SIGSYS}")
+
+
 def test_ordinary_work_still_runs(backend, sandbox):
     backend.write_file(sandbox, "test_sum.py", textwrap.dedent("""
         import concurrent.futures, multiprocessing, subprocess, threading, unittest
@@ -242,8 +264,8 @@ def test_ordinary_work_still_runs(backend, sandbox):
     tests = backend.exec(sandbox, "python3 -m unittest -q test_sum 2>&1; echo exit $?", timeout=120)
     git = backend.exec(sandbox, "git init -q repo && cd repo && echo hi > f && git add f && "
                                 "git -c user.email=t@t -c user.name=t commit -qm one && git log --oneline | wc -l")
-    shell = backend.exec(sandbox, "seq 1000 | sort -rn | head -1")
+    shell = backend.exec(sandbox, "seq 1000 | sort -rn | head -1; id -un")
 
     assert tests.stdout.strip().endswith("exit 0"), tests.stdout
     assert (git.stdout, git.exit_code) == ("1\n", 0), git.stderr
-    assert shell.stdout == "1000\n"
+    assert shell.stdout == "1000\nsandbox\n"  # /etc/passwd readable by the commands' uid
