@@ -337,6 +337,9 @@ class DatasetVersion(models.Model):
     files = models.JSONField(default=dict, blank=True, help_text="format -> path under TROVE_DATASET_DIR")
     error = models.TextField(blank=True)
     metrics = models.JSONField(default=dict, blank=True, help_text="baseline value model results")
+    forced_warnings = models.JSONField(
+        default=list, blank=True, help_text="what the build request was warned of and forced past (an empty split)"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

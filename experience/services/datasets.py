@@ -51,6 +51,7 @@ from experience.distill.errors import EmptyDatasetError, SpecError
 from experience.distill.rubric import RUBRIC_VERSION
 from experience.distill.source import CURATION_REJECTED, UNUSABLE_STATUSES, SourceRun
 from experience.distill.spec import DatasetSpec
+from experience.distill.splits import EmptySplitError, check_splits, group_key_for, split_note
 from experience.errors import Conflict, NotFound, TroveError, ValidationError
 from experience.models import (
     CurationEvent,
@@ -139,6 +140,33 @@ def check_spec_matches(spec: DatasetSpec) -> None:
         )
 
 
+def check_spec_splits(spec: DatasetSpec) -> None:
+    """Raise `EmptySplitError` when a split with a share of the tasks (or repositories) would get none of
+    the usable runs' tasks: it names the split, how the tasks fall, and a seed that would fill every split."""
+    if spec.filters.get("tags") and connection.vendor != "postgresql":
+        return  # the tag filter runs in Python there: the usable runs are not known here
+    check_splits(_usable_groups(spec), spec)
+
+
+def split_warnings(spec: DatasetSpec) -> list[str]:
+    """What `check_spec_splits` would refuse with, as messages (none when every split gets tasks)."""
+    try:
+        check_spec_splits(spec)
+    except EmptySplitError as warning:
+        return [warning.message]
+    return []
+
+
+def _usable_groups(spec: DatasetSpec) -> set[str]:
+    """The split groups of the runs a build would use (pairwise: only tasks with both outcomes)."""
+    usable = usable_runs(spec)
+    tasks = usable.values("task_key")
+    if spec.kind == "pairwise":
+        tasks = _per_task_outcomes(usable).filter(won__gt=0, lost__gt=0).values("task_key")
+    group_key = group_key_for(spec)
+    return {group_key(task_key) for task_key in tasks.order_by().distinct().values_list("task_key", flat=True)}
+
+
 def _describe_filters(filters: Mapping[str, Any]) -> str:
     return json.dumps(filters, sort_keys=True) if filters else "(none: the store holds no runs)"
 
@@ -164,11 +192,14 @@ def _exclusions(matching: QuerySet[Trajectory], spec: DatasetSpec) -> str:
 
 
 def _task_with_both_outcomes(usable: QuerySet[Trajectory]) -> bool:
+    return _per_task_outcomes(usable).filter(won__gt=0, lost__gt=0).exists()
+
+
+def _per_task_outcomes(usable: QuerySet[Trajectory]) -> QuerySet:
     # Usable runs have a success flag or a reward, so these two cover each of them exactly once.
     won = Q(success=True) | Q(success__isnull=True, reward__gt=0)
     lost = Q(success=False) | Q(success__isnull=True, reward__lte=0)
-    per_task = usable.values("task_key").annotate(won=Count("id", filter=won), lost=Count("id", filter=lost))
-    return per_task.filter(won__gt=0, lost__gt=0).exists()
+    return usable.values("task_key").annotate(won=Count("id", filter=won), lost=Count("id", filter=lost))
 
 
 # --- datasets and versions -------------------------------------------------------------------------------
@@ -200,19 +231,25 @@ def dataset_create(
 
 
 def dataset_version_request(
-    *, dataset: Dataset, enqueue: Callable[[int], None] | None = None
+    *, dataset: Dataset, enqueue: Callable[[int], None] | None = None, force: bool = False
 ) -> DatasetVersion:
     """Record a new version to build (status `building`) and hand its id to `enqueue` after commit.
 
-    Checks first that the spec can give rows (`EmptyDatasetError` otherwise, and nothing is recorded).
+    Checks first that the spec can give rows (`EmptyDatasetError` otherwise, and nothing is recorded), and
+    that no split meant to hold tasks would get none (`EmptySplitError`, unless `force`: then the warning
+    is kept on the version, `forced_warnings`, and its manifest says so).
     Version numbers are handed out under a row lock on the dataset, so two requests never share one.
     """
     spec = dataset_spec(dataset)
     check_spec_matches(spec)
+    forced = split_warnings(spec) if force else []
+    if not force:
+        check_spec_splits(spec)
     with transaction.atomic():
         Dataset.objects.select_for_update().filter(pk=dataset.pk).first()
         latest = dataset.versions.aggregate(n=Max("version"))["n"] or 0
-        version = DatasetVersion.objects.create(dataset=dataset, version=latest + 1, spec=spec.to_dict())
+        version = DatasetVersion.objects.create(dataset=dataset, version=latest + 1, spec=spec.to_dict(),
+                                                forced_warnings=forced)
         if enqueue is not None:
             transaction.on_commit(lambda: enqueue(version.pk))
     return version
@@ -303,6 +340,7 @@ def _build_files(version: DatasetVersion) -> dict[str, Any]:
         for shard_dir in scratch.glob(f"{SHARD_PREFIX}*"):
             shard_dir.rmdir()  # emptied by the merge
         manifest["store"] = {"runs_read": progress.runs, "steps_read": progress.steps}
+        manifest["split_check"] = split_note(spec, manifest["splits"], forced=version.forced_warnings)
         (scratch / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1, sort_keys=True))
         scratch.rename(final)
     finally:

@@ -32,7 +32,7 @@ def _wait_until_built(version_id: int, timeout: float = 120) -> DatasetVersion:
 def test_a_build_in_a_celery_worker_matches_an_in_line_build(celery_worker_process, monkeypatch):
     store_tasks(TASKS)
     dataset = datasets.dataset_create(name="in-worker", **SPEC)
-    requested = datasets.dataset_version_request(dataset=dataset, enqueue=enqueue_dataset_build)
+    requested = datasets.dataset_version_request(dataset=dataset, enqueue=enqueue_dataset_build, force=True)
 
     built = _wait_until_built(requested.pk)
 
@@ -40,7 +40,7 @@ def test_a_build_in_a_celery_worker_matches_an_in_line_build(celery_worker_proce
     monkeypatch.setattr(datasets, "READ_ASIDE", False)  # the reference: read in this process, no fork
     reference = datasets.dataset_create(name="in-line", **SPEC)
     in_line = datasets.dataset_version_build(
-        version_id=datasets.dataset_version_request(dataset=reference).pk
+        version_id=datasets.dataset_version_request(dataset=reference, force=True).pk
     )
     assert in_line.status == DatasetVersion.Status.READY, in_line.error
     assert in_line.content_hash == built.content_hash

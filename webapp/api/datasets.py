@@ -2,9 +2,12 @@
 
 - `POST /api/v1/datasets/` creates a dataset from a spec (name, kind, filters, options) and, unless
   `build` is false, requests its first version. A spec that matches nothing is a 422 naming the reason,
-  and nothing is created.
+  and nothing is created. So is a build whose split would be empty (`empty_split`, field `options.splits`:
+  which split, how the tasks fall, a seed that fills every split), unless `force` is true; a forced
+  version keeps the warning (`forced_warnings`) and its manifest says so (`split_check`).
 - `GET /api/v1/datasets/`, `GET /api/v1/datasets/<name or id>/`: datasets and their versions.
-- `POST /api/v1/datasets/<name>/versions/`: build a new version (202; a worker builds it, poll its URL).
+- `POST /api/v1/datasets/<name>/versions/`: build a new version (202; a worker builds it, poll its URL);
+  `{"force": true}` builds it even when a split would be empty.
 - `GET /api/v1/datasets/<name>/versions/<n>/`: status, manifest, metrics and file URLs.
 - `GET /api/v1/datasets/<name>/versions/<n>/files/<file>`: the file itself, streamed.
 - `GET /api/v1/dataset-versions/compare/?a=<name>@<n>&b=<name>@<n>`: what changed between two versions.
@@ -41,6 +44,11 @@ class DatasetCreateSerializer(serializers.Serializer):
         "spec options: gamma, context_budget_tokens, neg_pos_ratio, splits, group_by, include_duplicates, "
         "include_rejected, sft_mode, max_pairs_per_task, seed"))
     build = serializers.BooleanField(default=True, help_text="request the first version now")  # fmt: skip
+    force = serializers.BooleanField(default=False, help_text="build even when a split would be empty")
+
+
+class VersionBuildSerializer(serializers.Serializer):
+    force = serializers.BooleanField(default=False, help_text="build even when a split would be empty")
 
 
 class VersionSerializer(serializers.ModelSerializer):
@@ -52,7 +60,8 @@ class VersionSerializer(serializers.ModelSerializer):
     class Meta:
         model = DatasetVersion
         fields: tuple[str, ...] = ("id", "dataset", "version", "status", "content_hash", "row_count", "error",
-                                   "progress", "created_at", "finished_at", "url", "page_url")  # fmt: skip
+                                   "forced_warnings", "progress", "created_at", "finished_at", "url",
+                                   "page_url")  # fmt: skip
 
     def _absolute(self, name: str, version: DatasetVersion) -> str:
         return self.context["request"].build_absolute_uri(reverse(name, args=[version.dataset.name, version.version]))
@@ -147,11 +156,12 @@ class DatasetListApi(APIView):
         given = DatasetCreateSerializer(data=request.data)
         given.is_valid(raise_exception=True)
         fields = dict(given.validated_data)
-        build = fields.pop("build")
+        build, force = fields.pop("build"), fields.pop("force")
         # One transaction: a spec refused at the first build leaves no dataset behind either.
         with transaction.atomic():
             dataset = datasets.dataset_create(created_by=request.user, **fields)
-            version = datasets.dataset_version_request(dataset=dataset, enqueue=enqueue_dataset_build) if build else None
+            version = (datasets.dataset_version_request(dataset=dataset, enqueue=enqueue_dataset_build, force=force)
+                       if build else None)
         body = CreatedSerializer({"dataset": dataset, "version": version}, context={"request": request}).data
         return Response(body, status=status.HTTP_201_CREATED)
 
@@ -166,11 +176,15 @@ class DatasetDetailApi(APIView):
 
 class VersionListApi(APIView):
     scope_area = "datasets"
-    @extend_schema(request=None, responses={202: VersionSerializer}, operation_id="dataset_versions_build")
+    @extend_schema(request=VersionBuildSerializer, responses={202: VersionSerializer},
+                   operation_id="dataset_versions_build")
     def post(self, request: Request, ref: str) -> Response:
         """Build a new version from the dataset's spec as it is now. Poll the version's `url`."""
+        given = VersionBuildSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
         dataset = datasets.dataset_get(ref=ref)
-        version = datasets.dataset_version_request(dataset=dataset, enqueue=enqueue_dataset_build)
+        version = datasets.dataset_version_request(dataset=dataset, enqueue=enqueue_dataset_build,
+                                                   force=given.validated_data["force"])
         return Response(VersionSerializer(version, context={"request": request}).data, status=status.HTTP_202_ACCEPTED)
 
 

@@ -18,7 +18,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from experience.distill.spec import DEFAULT_SPLITS, GROUP_BYS, KINDS, SFT_MODES, SPLITS, DatasetSpec
-from experience.distill.splits import split_for_task
+from experience.distill.splits import EmptySplitError, split_for_task
 from experience.errors import NotFound, TroveError
 from experience.models import DatasetVersion, Trajectory
 from experience.services import datasets
@@ -73,11 +73,15 @@ class DatasetForm(forms.Form):
     FILTERS = ("task_sets", "task_keys", "models", "harnesses", "sources", "tags", "outcome", "curation",
                "created_after", "created_before")  # fmt: skip
 
+    force = forms.BooleanField(required=False, label="Build even if a split is empty",
+                               help_text="a split with a share of the tasks may get none of them: refused unless ticked")
+
     def groups(self) -> list[tuple[str, list]]:
-        """The fields in the three fieldsets the page shows."""
+        """The fields in the four fieldsets the page shows."""
         filters = [self[name] for name in self.FILTERS]
-        options = [field for field in self if field.name not in (*self.FILTERS, "name", "kind")]
-        return [("Dataset", [self["name"], self["kind"]]), ("Filters", filters), ("Options", options)]
+        options = [field for field in self if field.name not in (*self.FILTERS, "name", "kind", "force")]
+        return [("Dataset", [self["name"], self["kind"]]), ("Filters", filters), ("Options", options),
+                ("Build", [self["force"]])]
 
     def spec_parts(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """(filters, options) for `dataset_create`, from the cleaned fields."""
@@ -106,7 +110,10 @@ def dataset_index(request):
             with transaction.atomic():
                 dataset = datasets.dataset_create(name=form.cleaned_data["name"], kind=form.cleaned_data["kind"],
                                                   filters=filters, options=options, created_by=request.user)
-                version = datasets.dataset_version_request(dataset=dataset, enqueue=enqueue_dataset_build)
+                version = datasets.dataset_version_request(dataset=dataset, enqueue=enqueue_dataset_build,
+                                                           force=form.cleaned_data["force"])
+        except EmptySplitError as warning:
+            form.add_error("force", f"Warning: {warning.message}. Tick this box to build it anyway.")
         except TroveError as error:
             form.add_error(None, error.message)
         else:
@@ -142,7 +149,8 @@ def dataset_detail(request, name: str):
 def dataset_build(request, name: str):
     dataset = _dataset_or_404(name)
     try:
-        version = datasets.dataset_version_request(dataset=dataset, enqueue=enqueue_dataset_build)
+        version = datasets.dataset_version_request(dataset=dataset, enqueue=enqueue_dataset_build,
+                                                   force=request.POST.get("force") == "1")
     except TroveError as error:
         return _render_dataset(request, dataset, error=error.message, status=error.status_code)
     return redirect("dashboard:dataset-version", dataset.name, version.version)

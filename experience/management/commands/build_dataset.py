@@ -28,11 +28,12 @@ class Command(BaseCommand):
             "--filters", default="{}", help='JSON, e.g. {"task_sets": ["demo-python-bugfix"]}'
         )
         parser.add_argument("--options", default="{}", help='JSON spec options, e.g. {"gamma": 0.9}')
+        parser.add_argument("--force", action="store_true", help="build even when a split would be empty")
 
     def handle(self, *args, **options):
         try:
             dataset = self._dataset(options)
-            version = datasets.dataset_version_request(dataset=dataset)
+            version = datasets.dataset_version_request(dataset=dataset, force=options["force"])
             version = datasets.dataset_version_build(version_id=version.pk)
         except TroveError as error:
             raise CommandError(error.message) from None

@@ -47,7 +47,7 @@ def build(name: str = "set", kind: str = "value", filters=None, **options) -> Da
         if datasets.dataset_list().filter(name=name).exists()
         else (datasets.dataset_create(name=name, kind=kind, filters=filters, options=options))
     )
-    version = datasets.dataset_version_request(dataset=dataset)
+    version = datasets.dataset_version_request(dataset=dataset, force=True)
     return datasets.dataset_version_build(version_id=version.pk)
 
 
@@ -168,7 +168,7 @@ def test_a_spec_that_matches_no_run_is_refused_naming_the_filters_and_records_no
     dataset = datasets.dataset_create(name="empty", kind="value", filters={"models": ["nobody"]})
 
     with pytest.raises(EmptyDatasetError) as raised:
-        datasets.dataset_version_request(dataset=dataset)
+        datasets.dataset_version_request(dataset=dataset, force=True)
 
     assert "no stored run matches the filters" in raised.value.message and "nobody" in raised.value.message
     assert raised.value.status_code == 422
@@ -183,7 +183,7 @@ def test_a_spec_whose_matches_are_all_left_out_says_why():
     dataset = datasets.dataset_create(name="gone", kind="value")
 
     with pytest.raises(EmptyDatasetError) as raised:
-        datasets.dataset_version_request(dataset=dataset)
+        datasets.dataset_version_request(dataset=dataset, force=True)
 
     assert raised.value.message == (
         "3 runs match the filters but every one is left out "
@@ -197,7 +197,7 @@ def test_a_pairwise_spec_with_no_task_of_mixed_outcomes_is_refused():
     dataset = datasets.dataset_create(name="nopairs", kind="pairwise")
 
     with pytest.raises(EmptyDatasetError, match="no task has both a successful and a failed run"):
-        datasets.dataset_version_request(dataset=dataset)
+        datasets.dataset_version_request(dataset=dataset, force=True)
 
 
 def test_a_build_that_makes_no_rows_fails_with_the_error_and_leaves_no_files(dataset_dir):
@@ -209,7 +209,7 @@ def test_a_build_that_makes_no_rows_fails_with_the_error_and_leaves_no_files(dat
 
     trajectory_ingest(record=record)
     dataset = datasets.dataset_create(name="nodecisions", kind="value")
-    version = datasets.dataset_version_request(dataset=dataset)
+    version = datasets.dataset_version_request(dataset=dataset, force=True)
 
     built = datasets.dataset_version_build(version_id=version.pk)
 
@@ -377,7 +377,7 @@ def test_a_finished_version_is_not_built_again_and_a_held_build_is_left_alone():
     again = datasets.dataset_version_build(version_id=version.pk)
 
     assert again.status == "ready" and again.files == files and again.finished_at == version.finished_at
-    pending = datasets.dataset_version_request(dataset=version.dataset)
+    pending = datasets.dataset_version_request(dataset=version.dataset, force=True)
     with datasets._build_lock(pending.pk) as held:
         assert held
         from django.db import connections
@@ -396,10 +396,10 @@ def test_a_finished_version_is_not_built_again_and_a_held_build_is_left_alone():
 def test_version_numbers_follow_each_other_and_freeze_the_spec():
     store_tasks(TASKS[:2])
     dataset = datasets.dataset_create(name="frozen", kind="value", options={"gamma": 0.9})
-    first = datasets.dataset_version_request(dataset=dataset)
+    first = datasets.dataset_version_request(dataset=dataset, force=True)
     dataset.options = {"gamma": 0.5}
     dataset.save()
-    second = datasets.dataset_version_request(dataset=dataset)
+    second = datasets.dataset_version_request(dataset=dataset, force=True)
 
     assert (first.version, second.version) == (1, 2)
     assert (first.spec["gamma"], second.spec["gamma"]) == (0.9, 0.5)

@@ -24,7 +24,7 @@ def dataset_dir(settings, tmp_path):
 
 def built(kind: str = "value", name: str = "vb") -> DatasetVersion:
     dataset = datasets.dataset_create(name=name, kind=kind)
-    version = datasets.dataset_version_request(dataset=dataset)
+    version = datasets.dataset_version_request(dataset=dataset, force=True)
     return datasets.dataset_version_build(version_id=version.pk)
 
 

@@ -34,7 +34,7 @@ def build(name: str = "set", **options) -> DatasetVersion:
         if datasets.dataset_list().filter(name=name).exists()
         else datasets.dataset_create(name=name, kind="value", options=options)
     )
-    version = datasets.dataset_version_request(dataset=dataset)
+    version = datasets.dataset_version_request(dataset=dataset, force=True)
     built = datasets.dataset_version_build(version_id=version.pk)
     assert built.status == "ready", built.error
     return built
@@ -387,7 +387,7 @@ def test_a_run_whose_digest_cannot_be_derived_is_recorded_and_the_others_go_on(m
     monkeypatch.setattr(dataset_source, "_step_rows", lambda ids: read.append(ids) or real_step_rows(ids))
     version = datasets.dataset_version_build(
         version_id=datasets.dataset_version_request(
-            dataset=datasets.dataset_create(name="after", kind="value")
+            dataset=datasets.dataset_create(name="after", kind="value"), force=True
         ).pk
     )
     assert version.status == "ready"

@@ -25,7 +25,7 @@ def build(name: str = "set", kind: str = "value", **options) -> DatasetVersion:
         if datasets.dataset_list().filter(name=name).exists()
         else datasets.dataset_create(name=name, kind=kind, options=options)
     )
-    version = datasets.dataset_version_request(dataset=dataset)
+    version = datasets.dataset_version_request(dataset=dataset, force=True)
     built = datasets.dataset_version_build(version_id=version.pk)
     assert built.status == "ready", built.error
     return built

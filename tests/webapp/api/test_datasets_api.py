@@ -11,6 +11,7 @@ from experience.models import Dataset, DatasetVersion
 from experience.services import datasets
 from tests.experience.services.dataset_store import store_tasks
 from tests.webapp.rollouts.jobs_factories import celery_queue  # noqa: F401 (a fixture)
+from webapp.access.roles import role_groups_sync
 from workers.tasks.datasets import build_dataset_version
 
 pytestmark = pytest.mark.django_db
@@ -26,6 +27,7 @@ def dataset_dir(settings, tmp_path):
 @pytest.fixture
 def api():
     user = get_user_model().objects.create_user("trainer")
+    user.groups.add(role_groups_sync()["researcher"])  # the role that builds datasets
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
     client.user = user
@@ -34,7 +36,7 @@ def api():
 
 def ready_version(name: str = "set", **options) -> DatasetVersion:
     dataset = datasets.dataset_create(name=name, kind="value", options=options)
-    version = datasets.dataset_version_request(dataset=dataset)
+    version = datasets.dataset_version_request(dataset=dataset, force=True)
     return datasets.dataset_version_build(version_id=version.pk)
 
 
@@ -145,7 +147,7 @@ def test_building_a_new_version_returns_202_and_the_versions_are_listed(api, cel
     store_tasks(TASKS[:4])
     first = ready_version()
 
-    response = api.post("/api/v1/datasets/set/versions/")
+    response = api.post("/api/v1/datasets/set/versions/", {"force": True}, format="json")  # 4 tasks: no val, test
 
     assert response.status_code == 202 and response.json()["version"] == 2
     detail = api.get("/api/v1/datasets/set/").json()
@@ -158,7 +160,7 @@ def test_compare_two_versions(api):
     first = ready_version()
     store_tasks(["task-late"])
     second = datasets.dataset_version_build(
-        version_id=datasets.dataset_version_request(dataset=first.dataset).pk)
+        version_id=datasets.dataset_version_request(dataset=first.dataset, force=True).pk)
 
     body = api.get("/api/v1/dataset-versions/compare/", {"a": "set@1", "b": f"{second.pk}"}).json()
 

@@ -11,6 +11,7 @@ from experience.models import Dataset, Step
 from experience.services import datasets
 from tests.experience.services.dataset_store import store_run, store_tasks
 from tests.webapp.rollouts.jobs_factories import celery_queue  # noqa: F401 (a fixture)
+from webapp.access.roles import role_groups_sync
 from workers.tasks.datasets import build_dataset_version
 
 pytestmark = pytest.mark.django_db
@@ -26,14 +27,16 @@ def dataset_dir(settings, tmp_path):
 
 @pytest.fixture
 def browser(client):
-    client.force_login(get_user_model().objects.create_user("researcher"))
+    user = get_user_model().objects.create_user("researcher")
+    user.groups.add(role_groups_sync()["researcher"])  # the role that builds datasets
+    client.force_login(user)
     return client
 
 
 def ready(name: str = "set"):
     dataset = datasets.dataset_get(ref=name) if Dataset.objects.filter(name=name).exists() else (
         datasets.dataset_create(name=name, kind="value"))
-    return datasets.dataset_version_build(version_id=datasets.dataset_version_request(dataset=dataset).pk)
+    return datasets.dataset_version_build(version_id=datasets.dataset_version_request(dataset=dataset, force=True).pk)
 
 
 def test_the_spec_form_builds_a_dataset_and_the_page_follows_it_to_its_stats(
@@ -77,7 +80,7 @@ def test_a_spec_matching_nothing_comes_back_to_the_form_with_the_reason(browser)
 
 def test_a_failed_build_shows_its_error(browser):
     store_tasks(TASKS[:2])
-    version = datasets.dataset_version_request(dataset=datasets.dataset_create(name="broken", kind="value"))
+    version = datasets.dataset_version_request(dataset=datasets.dataset_create(name="broken", kind="value"), force=True)
     datasets.dataset_version_fail(version_id=version.pk, error="database unavailable: gone")
 
     page = browser.get("/datasets/broken/v1/").content.decode()
@@ -89,7 +92,7 @@ def test_the_dataset_page_lists_versions_and_builds_another(browser, celery_queu
     store_tasks(TASKS[:3])
     ready()
 
-    response = browser.post("/datasets/set/build/")
+    response = browser.post("/datasets/set/build/", {"force": "1"})  # 3 tasks: val and test would be empty
 
     assert response.status_code == 302 and response["Location"] == "/datasets/set/v2/"
     page = browser.get("/datasets/set/").content.decode()
