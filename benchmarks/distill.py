@@ -353,7 +353,7 @@ def child(args: argparse.Namespace) -> None:
         result: dict[str, Any] = {"runs": runs, "steps": steps}
     else:
         dataset = datasets.dataset_create(name=f"bench-{uuid.uuid4().hex[:8]}", kind="value", filters=filters)
-        version = datasets.dataset_version_request(dataset=dataset)
+        version = datasets.dataset_version_request(dataset=dataset, force=True)  # the build is measured, not the splits
         version = datasets.dataset_version_build(version_id=version.pk)
         assert version.status == "ready", version.error
         out = sum(entry["bytes"] for entry in version.manifest["files"])
