@@ -6,13 +6,13 @@ import re
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.test import Client
 
 from experience.models import CurationEvent, DedupCluster, Trajectory
 from experience.services.dedup import trajectory_dedup
 from tests.experience.services.store_factories import RunFactory, StepFactory, stored
 from tests.experience.services.test_dedup import MARSHMALLOW, imported
+from webapp.access.roles import role_groups_sync
 
 pytestmark = pytest.mark.django_db
 
@@ -26,7 +26,7 @@ def index_dir(settings, tmp_path):
 def client_for(name: str, *, curator: bool) -> Client:
     user = get_user_model().objects.create_user(name)
     if curator:
-        user.user_permissions.add(Permission.objects.get(codename="change_trajectory"))
+        user.groups.add(role_groups_sync()["curator"])
     client = Client()
     client.force_login(user)
     return client
@@ -176,3 +176,5 @@ def test_the_clusters_page_marks_and_filters_mixed_outcome_clusters(runs, resear
     page = researcher.get(f"/clusters/{twins}/").content.decode()
     assert 'id="mixed-outcomes"' in page and "kept: another outcome" in page
     assert member_ids(researcher.get(f"/clusters/{twins}/"))[0] == twin_b  # the success is the canonical
+    assert "its outcome differs from the canonical" in researcher.get(f"/trajectories/{twin_a}/").content.decode()
+    assert "Canonical run of" in researcher.get(f"/trajectories/{twin_b}/").content.decode()
