@@ -12,8 +12,8 @@ the sandbox was built from. Before the task's `eval_command` runs:
    task's own files under it are written again from the Task row, never from the sandbox. Hidden evaluation
    files (`Task.eval_files`) are written only now, so the agent never saw them.
 3. Files that Python, unittest or pytest load without being asked are removed unless the task ships them
-   (then they are written back from the task): `conftest.py`, `sitecustomize.py`, `usercustomize.py`, `*.pth`
-   and every `__pycache__` / `*.pyc` anywhere in the workspace (an "unchecked-hash" pyc is used whatever the
+   (then they are written back from the task): `conftest.py`, `sitecustomize.py`, `usercustomize.py` and
+   every `__pycache__` / `*.pyc` anywhere in the workspace (an "unchecked-hash" pyc is used whatever the
    source says); test-runner configuration at the workspace root (`pytest.ini`, `tox.ini`, `setup.cfg`,
    `pyproject.toml`); and modules at the workspace root that shadow the standard library or the test runner
    (`unittest/`, `argparse.py`, `pytest.py`, ...: `python -m` puts the working directory first on sys.path).
@@ -23,9 +23,12 @@ the sandbox was built from. Before the task's `eval_command` runs:
 
 Not covered (documented in the threat model): the code under test itself subverting the test run from
 inside the evaluation's process (calling `os._exit(0)` at import, patching unittest, reading the hidden
-tests once they are written): the evaluation runs that code, as every test-based reward does. Services a
-template or task setup started in the background die with the policy's processes in place; such templates
-evaluate in a fresh sandbox, where setup runs again and nothing is killed.
+tests once they are written): the evaluation runs that code, as every test-based reward does. Anything the
+task keeps in its workspace besides its sources (a virtualenv, vendored packages) is the policy's to edit:
+install dependencies in the image or the template's setup. Services a template or task setup started in the
+background die with the policy's processes in place; such templates evaluate in a fresh sandbox, where
+setup runs again and nothing is killed. Files a setup command generates under a protected path are removed
+with it (protect narrower paths for such a task).
 """
 
 from __future__ import annotations
@@ -77,7 +80,10 @@ find /tmp /dev/shm -mindepth 1 -delete 2>/dev/null
 """
 
 HIJACK_NAMES = ("conftest.py", "sitecustomize.py", "usercustomize.py", "__pycache__")
-HIJACK_PATTERNS = ("*.pth", "*.pyc")
+# Not *.pth: Python reads those only in site directories, which the workspace is not (the user site, under
+# HOME in /tmp, is emptied and turned off); removing them would break an editable install's .pth in a
+# virtualenv that a task keeps in its workspace (whose site-packages the policy could edit anyway).
+HIJACK_PATTERNS = ("*.pyc",)
 RUNNER_CONFIG = ("pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
 RUNNER_MODULES = ("pytest", "_pytest", "pluggy", "py", "iniconfig")
 
@@ -174,6 +180,6 @@ def _under(path: str, roots: list[str]) -> bool:
 
 def _scrubbed_name(path: str) -> bool:
     name = posixpath.basename(path)
-    if name in HIJACK_NAMES or name.endswith((".pth", ".pyc")) or "/__pycache__/" in f"/{path}":
+    if name in HIJACK_NAMES or name.endswith(".pyc") or "/__pycache__/" in f"/{path}":
         return True
     return "/" not in path and name in RUNNER_CONFIG
