@@ -388,6 +388,9 @@ class Agent:
         self.max_request = max_request
         self.run_as = run_as
         self.bash = find_program("bash")
+        # posix_spawn of setpriv costs a fraction of a fork of this process (page tables and all); without
+        # setpriv (a rootfs may lack it) commands are forked and dropped here.
+        self.setpriv = find_program("setpriv") if run_as is not None else ""
 
     def handle_connection(self, conn: _socket.socket) -> None:
         """Greet, read one signed request line, answer with one signed response line, close. Never raises."""
@@ -445,10 +448,32 @@ class Agent:
         raise RequestError("bad_request", f"unknown op {op!r}")
 
     def spawner(self):
-        """How `run_command` starts bash: posix_spawn as ourselves, or fork + drop to `run_as`."""
-        if self.run_as is None:
+        """How `run_command` starts bash: posix_spawn as ourselves; as `run_as`, posix_spawn through setpriv
+        (which switches every uid and gid and drops the inheritable capabilities before it execs bash, and
+        refuses to exec it if the switch fails), or fork and drop here."""
+        run_as = self.run_as
+        if run_as is None:
             return lambda argv, env, out_w, err_w: spawn_command(self.bash, argv, env, out_w, err_w)
-        return lambda argv, env, out_w, err_w: spawn_command_as(self.run_as, self.bash, argv, env, out_w, err_w)
+        if os.path.isabs(self.setpriv):
+            return lambda argv, env, out_w, err_w: spawn_command(
+                self.setpriv, setpriv_argv(run_as, self.bash, argv), env, out_w, err_w)
+        return lambda argv, env, out_w, err_w: spawn_command_as(run_as, self.bash, argv, env, out_w, err_w)
+
+    def check_user_switch(self) -> None:
+        """Fail closed at startup: a command must run with every uid and gid switched to `run_as` and no
+        capabilities, or the agent exits (and the sandbox fails to start)."""
+        if self.run_as is None:
+            return
+        uid, gid = self.run_as
+        result = run_command(ExecArgs("cat /proc/self/status", 30.0, None, 65536, None, dict(os.environ)),
+                             self.spawner())
+        status = dict(line.split(":", 1) for line in result["stdout"].splitlines() if ":" in line)
+        expected = {"Uid": [str(uid)] * 4, "Gid": [str(gid)] * 4, "CapPrm": ["0" * 16], "CapEff": ["0" * 16],
+                    "CapAmb": ["0" * 16], "NoNewPrivs": ["1"]}
+        wrong = {k: status.get(k, "").split() for k, v in expected.items() if status.get(k, "").split() != v}
+        if wrong:
+            _die(f"commands do not run as {uid}:{gid} without capabilities and with no_new_privs: {wrong} "
+                 f"{result['stderr'].strip()}")
 
     def as_user(self, operation, *args):
         """`operation(*args)` as the commands' user (in a child dropped to `run_as`), so a path a command
@@ -546,10 +571,16 @@ def run_as_child(run_as: tuple[int, int], operation, *args) -> bytes:
     return b"".join(chunks)
 
 
-def spawn_command(bash: str, argv: list[str], env: dict[str, str], out_w: int, err_w: int) -> int:
+def spawn_command(program: str, argv: list[str], env: dict[str, str], out_w: int, err_w: int) -> int:
     actions = [(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
                (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)]
-    return os.posix_spawn(bash, argv, env, file_actions=actions, setsid=True)
+    return os.posix_spawn(program, argv, env, file_actions=actions, setsid=True)
+
+
+def setpriv_argv(run_as: tuple[int, int], bash: str, argv: list[str]) -> list[str]:
+    uid, gid = run_as
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--inh-caps=-all", "--", bash,
+            *argv[1:]]
 
 
 def spawn_command_as(run_as: tuple[int, int], bash: str, argv: list[str], env: dict[str, str], out_w: int,
@@ -875,6 +906,7 @@ def main(argv: list[str]) -> None:
     workspace = opts.workspace or os.getcwd()
     os.chdir(workspace)  # commands are spawned with the agent's own working directory
     agent = Agent(secret=secret, workspace=workspace, max_request=opts.max_request, run_as=opts.run_as)
+    agent.check_user_switch()
     if opts.forward:
         listen, target = parse_forward(opts.forward)
         forward_listener = open_listener(listen)

@@ -138,6 +138,23 @@ def assert_the_real_agent_answers(backend: LocalBackend, handle: SandboxHandle, 
 # ---------------------------------------------------------------- attacks from inside the sandbox
 
 
+@as_root
+def test_commands_and_file_operations_run_as_the_sandbox_user_and_the_agent_as_another(backend, sandbox):
+    status = backend.exec(sandbox, "grep -E '^(Uid|Gid|CapPrm|CapEff|CapAmb|NoNewPrivs):' /proc/self/status; "
+                                   "grep '^Uid:' /proc/$PPID/status").stdout.split("\n")
+
+    assert [line.split() for line in status[:7]] == [
+        ["Uid:", "1000", "1000", "1000", "1000"], ["Gid:", "1000", "1000", "1000", "1000"],
+        ["CapPrm:", "0" * 16], ["CapEff:", "0" * 16], ["CapAmb:", "0" * 16], ["NoNewPrivs:", "1"],
+        ["Uid:", "0", "0", "0", "0"]]  # the agent: uid 0 inside, its own host uid outside
+    backend.write_file(sandbox, "written.txt", b"from the host\n")
+    written = os.stat(os.path.join(backend.root, sandbox.name, "workspace", "written.txt"))
+    assert written.st_uid == backend.host_uid != backend.agent_uid
+    backend.exec(sandbox, "echo private > mine.txt; chmod 600 mine.txt")
+    assert backend.read_file(sandbox, "mine.txt") == b"private\n"  # read with the owner's rights, not the agent's
+
+
+
 def test_an_impostor_cannot_take_over_the_agents_socket(backend, sandbox):
     pid = agent_pid(backend, sandbox)
     socket_before = os.lstat(os.path.join(backend.root, sandbox.name, "agent.sock"))
