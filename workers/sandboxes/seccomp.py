@@ -15,11 +15,13 @@ It is a deny list (everything else is allowed), like flatpak's, rather than Dock
 added to the kernel later stays allowed, but nothing ordinary breaks. What it denies, and why:
 - the kernel keyring, BPF, perf events, userfaultfd, io_uring: large kernel attack surface, not
   namespaced, and not needed by builds, tests or agents;
-- ptrace and process_vm_readv/writev: reading or steering another process (a harness reading the agent);
+- ptrace, process_vm_readv/writev, process_madvise and pidfd_getfd: reading or steering another process (a
+  command reading the harness's memory or taking its descriptors);
 - mounting (the old and the new mount API), pivot_root, namespaces (setns; unshare and clone with namespace
   flags; clone3, whose flags live in memory a filter cannot read, answers ENOSYS so that glibc falls back
   to clone, as Docker's profile does), open_by_handle_at (the classic container breakout);
-- modules, kexec, reboot, swap, accounting, quotas, the clock, the kernel log, I/O ports, legacy syscalls;
+- modules, kexec, reboot, swap, accounting, quotas, the clock, the kernel log, I/O ports, the x86 LDT,
+  legacy syscalls;
 - personality() beyond PER_LINUX, PER_LINUX32 and UNAME26 (the others turn off ASLR, map page zero or make
   data executable).
 Not denied, because the agent needs them to run commands under their own uid: setresuid/setresgid,
@@ -63,8 +65,8 @@ DENIED = (
     "keyctl", "add_key", "request_key",
     # kernel attack surface
     "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
-    # other processes' memory
-    "ptrace", "process_vm_readv", "process_vm_writev",
+    # other processes' memory and descriptors (each needs the same access as ptrace)
+    "ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "pidfd_getfd",
     # mounts and namespaces
     "mount", "umount", "umount2", "pivot_root", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount",
     "open_tree", "mount_setattr", "setns",
@@ -75,7 +77,7 @@ DENIED = (
     "kexec_load", "kexec_file_load",
     # the host: power, swap, accounting, quotas, the clock, the kernel log, I/O ports
     "reboot", "swapon", "swapoff", "acct", "quotactl", "quotactl_fd", "settimeofday", "stime",
-    "clock_settime", "clock_adjtime", "syslog", "ioperm", "iopl",
+    "clock_settime", "clock_adjtime", "syslog", "ioperm", "iopl", "modify_ldt",
     # legacy and obsolete
     "_sysctl", "sysfs", "uselib", "ustat", "vm86", "vm86old", "lookup_dcookie", "nfsservctl",
 )

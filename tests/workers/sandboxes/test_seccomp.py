@@ -34,7 +34,7 @@ SYSCALLS = {
         "open_by_handle_at": 304, "name_to_handle_at": 303, "init_module": 175, "finit_module": 313,
         "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320, "reboot": 169, "swapon": 167,
         "swapoff": 168, "acct": 163, "settimeofday": 164, "clock_settime": 227, "syslog": 103, "iopl": 172,
-        "personality": 135, "getpid": 39,
+        "personality": 135, "getpid": 39, "pidfd_getfd": 438, "process_madvise": 440, "modify_ldt": 154,
     },
     "aarch64": {
         "keyctl": 219, "add_key": 217, "request_key": 218, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282,
@@ -43,7 +43,7 @@ SYSCALLS = {
         "open_by_handle_at": 265, "name_to_handle_at": 264, "init_module": 105, "finit_module": 273,
         "delete_module": 106, "kexec_load": 104, "kexec_file_load": 294, "reboot": 142, "swapon": 224,
         "swapoff": 225, "acct": 89, "settimeofday": 170, "clock_settime": 112, "syslog": 116,
-        "personality": 92, "getpid": 172,
+        "personality": 92, "getpid": 172, "pidfd_getfd": 438, "process_madvise": 440,
     },
 }
 ARCH = platform.machine()
@@ -70,6 +70,9 @@ PROBE = textwrap.dedent(r'''
         "ptrace": ("ptrace", 2, 0x3FFFFFF0, 0, 0),
         "process_vm_readv": ("process_vm_readv", os.getpid(), 0, 0, 0, 0, 0),
         "process_vm_writev": ("process_vm_writev", os.getpid(), 0, 0, 0, 0, 0),
+        "pidfd_getfd": ("pidfd_getfd", -1, 0, 0),
+        "process_madvise": ("process_madvise", -1, 0, 0, 0, 0),
+        "modify_ldt": ("modify_ldt", 0, 0, 0),  # read the LDT into a 0-byte buffer: 0 unfiltered
         "mount": ("mount", S(b"none"), S(b"/tmp"), S(b"tmpfs"), 0, 0),
         "umount2": ("umount2", S(b"/tmp"), 0),
         "pivot_root": ("pivot_root", S(b"/tmp"), S(b"/tmp")),
@@ -119,17 +122,18 @@ PROBE = textwrap.dedent(r'''
 
 DENIED = [
     "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "ptrace",
-    "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "fsopen", "setns",
+    "process_vm_readv", "process_vm_writev", "pidfd_getfd", "process_madvise", "mount", "umount2", "pivot_root", "fsopen", "setns",
     "unshare-user", "unshare-mount", "unshare-net", "clone-user", "clone-pid", "open_by_handle_at",
     "name_to_handle_at", "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
     "reboot", "swapon", "swapoff", "acct", "settimeofday", "clock_settime", "syslog",
     "personality-no-aslr", "personality-exec-data", "personality-query",
-] + (["iopl"] if ARCH == "x86_64" else [])
+] + (["iopl", "modify_ldt"] if ARCH == "x86_64" else [])
 # Calls that an unprivileged process without the filter makes without EPERM: they prove the filter acts.
 ALLOWED_WITHOUT_FILTER = [
     "keyctl", "add_key", "request_key", "perf_event_open", "ptrace", "process_vm_readv", "process_vm_writev",
     "setns", "name_to_handle_at", "clock_settime", "personality-no-aslr", "personality-exec-data", "clone3",
-]
+    "pidfd_getfd", "process_madvise",
+] + (["modify_ldt"] if ARCH == "x86_64" else [])
 
 
 @pytest.fixture(scope="module")
