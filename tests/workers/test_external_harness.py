@@ -57,6 +57,8 @@ def test_the_mini_agent_fixes_a_demo_task_talking_to_the_demo_model(tmp_path, mo
     assert done.returncode == 0, done.stdout + done.stderr
     assert "submitted after" in done.stdout
     assert done.stdout.count("step ") == model_upstream.requests
+    for path, text in get_demo_task("slugify").eval_files.items():  # copied in for the evaluation only
+        (workspace / path).write_text(text)
     assert subprocess.run(["bash", "-c", eval_command], cwd=workspace).returncode == 0
 
 
