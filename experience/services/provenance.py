@@ -8,7 +8,9 @@ importers cannot store a run whose source is `rollout`, however it is spelled ("
 
 The trusted path proves itself by the call it makes, not by anything in the request: the ingest services
 take `rollout_runner=True`, a keyword argument that only Trove's own rollout runner passes (and tests
-standing in for it). No view, serializer or importer passes it, and no request field reaches it.
+standing in for it). No view, serializer or importer passes it, and no request field reaches it. Nor may a
+client add steps to a rollout (`check_client_may_append`): its steps come from its runner and the
+recording proxy, and a planted step (an evaluation that "passed") would change what the run says it did.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 import unicodedata
 
-from experience.errors import ValidationError
+from experience.errors import Conflict, NotFound, ValidationError
+from experience.models import Trajectory
 from experience.records import TrajectoryRecord
 
 ROLLOUT = "rollout"
@@ -62,3 +65,15 @@ def as_import(record: TrajectoryRecord) -> TrajectoryRecord:
     if isinstance(metadata, dict):
         metadata[CLAIMED_SOURCE_KEY] = record.source
     return dataclasses.replace(record, source=IMPORT, metadata=metadata)
+
+
+def check_client_may_append(*, trajectory_id: int) -> None:
+    """Refuse a client's steps for a rollout run (Conflict, 409); NotFound when there is no such run."""
+    source = Trajectory.objects.filter(pk=trajectory_id).values_list("source", flat=True).first()
+    if source is None:
+        raise NotFound(f"trajectory {trajectory_id} does not exist")
+    if source == ROLLOUT:
+        raise Conflict(
+            f"trajectory: {trajectory_id} is a rollout; its steps come from Trove's runner and proxy only",
+            field="trajectory",
+        )

@@ -6,14 +6,14 @@
 - `POST /api/v1/trajectories/`: bulk ingest, `{"trajectories": [run, ...]}` or one run. A run is a Trove
   record (experience.exporters.trove_jsonl's line without `trove_format`; fields left out take their
   defaults). All or nothing: a bad run is a 4xx naming the field (`trajectories[2].steps[5].kind`) and nothing
-  is written. Idempotent on (source, source_ref). Body size, steps per run and text length are limited.
+  is written. `source` may not be `rollout` in any spelling (experience.services.provenance). Idempotent on (source, source_ref). Body size, steps per run and text length are limited.
 - `GET  /api/v1/trajectories/<id>/`: one run with its first page of steps; `steps_next` pages on.
 - `GET  /api/v1/trajectories/<id>/similar/?k=10&same_task=true`: the runs nearest by signature embedding,
   best first, each with its cosine `score` (experience.services.dedup.similar_runs).
 - `GET  /api/v1/trajectories/<id>/steps/?after=<seq>&limit=&context=1`: steps after a seq, with their full
   text; `context=1` adds the messages a model call saw.
 - `POST /api/v1/trajectories/<id>/steps/`: append steps, `{"steps": [...], "first_seq": n?}`; idempotent
-  on call ids, and on seq when `first_seq` numbers them.
+  on call ids, and on seq when `first_seq` numbers them. A rollout's steps come from Trove only (409).
 - `POST /api/v1/trajectories/import/`: multipart `file` (one or more) and optional `format`; each file
   all or nothing; the report says what was imported and skipped, and why.
 - `GET  /api/v1/trajectories/export/?format=trove|atif&<filters>`: the selection as JSONL, streamed.
@@ -65,6 +65,7 @@ from experience.services.importing import (
     trajectories_import_upload,
 )
 from experience.services.ingest import steps_append, trajectories_ingest_many
+from experience.services.provenance import check_client_may_append
 from experience.services.stored import stored_step_records
 from experience.steps import context_length
 from webapp.api.limits import check_body_size
@@ -394,6 +395,7 @@ class TrajectoryStepsApi(APIView):
         given = StepsAppendSerializer(data=request.data)
         given.is_valid(raise_exception=True)
         records = [step_from_json(s, f"steps[{i}].") for i, s in enumerate(given.validated_data["steps"])]
+        check_client_may_append(trajectory_id=trajectory_id)
         created = steps_append(trajectory_id=trajectory_id, steps=records,
                                first_seq=given.validated_data["first_seq"])
         body = {"appended": [{"id": s.pk, "seq": s.seq} for s in created]}

@@ -29,6 +29,7 @@ from experience.services.ingest import (
 )
 from experience.services.provenance import spelled_source
 from tests.experience.services.store_factories import RunFactory, StepFactory
+from webapp.access.roles import role_groups_sync
 
 pytestmark = pytest.mark.django_db
 SPELLINGS = ["rollout", "Rollout", "ROLLOUT", " rollout", "rollout\n", "\trollout ", "roll-out", "roll_out",
@@ -39,6 +40,7 @@ SPELLINGS = ["rollout", "Rollout", "ROLLOUT", " rollout", "rollout\n", "\trollou
 def api() -> APIClient:
     client = APIClient()
     user = get_user_model().objects.create_user("client")
+    user.groups.add(role_groups_sync()["researcher"])  # the role that may post runs
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
     return client
 
@@ -152,3 +154,15 @@ def test_every_spelling_of_rollout_is_recognised(source):
 @pytest.mark.parametrize("source", ["api", "import", "rollouts", "my-rollout", "", None, 7])
 def test_other_sources_are_not_taken_for_rollout(source):
     assert spelled_source(source) is None
+
+
+def test_a_client_cannot_plant_steps_in_a_rollout(api):
+    rollout = _real_rollout()
+    forged_eval = {"steps": [{"kind": "eval", "text": "Ran 6 tests ... OK", "exit_code": 0}]}
+
+    response = api.post(f"/api/v1/trajectories/{rollout.pk}/steps/", forged_eval, format="json")
+
+    assert (response.status_code, response.json()["field"]) == (409, "trajectory")
+    assert list(rollout.steps.values_list("kind", flat=True)) == ["command", "command"]
+    missing = api.post("/api/v1/trajectories/999999/steps/", forged_eval, format="json")
+    assert missing.status_code == 404
