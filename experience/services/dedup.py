@@ -367,6 +367,7 @@ def _place_all(signed: list[_Signed], embedder: Embedder, index: VectorIndex, ac
         trajectory_id__in=[s.trajectory.pk for s in signed], embedder=key).values_list("pk", "trajectory_id", "vector")}
     placer = _Placer(key, {rows[s.trajectory.pk][0] for s in signed if s.trajectory.cluster_id is None})
     joined: list[int] = []
+    touched: set[int] = set()
     for item in signed:
         trajectory = item.trajectory
         embedding_id, vector = rows[trajectory.pk]
@@ -380,22 +381,26 @@ def _place_all(signed: list[_Signed], embedder: Embedder, index: VectorIndex, ac
                         across_tasks=across_tasks, exact_match=placer.exact_twin(trajectory, embedding_id))
         placer.unplaced.discard(embedding_id)
         if result.is_duplicate:
-            _mark(trajectory, result, key)
+            touched.add(_join(trajectory, result))
             joined.append(trajectory.pk)
+    # Once per cluster, after the batch: placing only needs membership (and each cluster's canonical,
+    # set when it was made), so a batch of n runs joining one big cluster re-derives it once, not n times.
+    for cluster in DedupCluster.objects.select_for_update().filter(pk__in=touched).order_by("pk"):
+        _derive_cluster(cluster, key=key)
     report.duplicates = Trajectory.objects.filter(pk__in=joined, is_duplicate=True).count()
 
 
-def _mark(trajectory: Trajectory, result: Assignment, key: str) -> None:
-    """Put the run in the cluster the assignment names, then re-derive that cluster's canonical and marks."""
+def _join(trajectory: Trajectory, result: Assignment) -> int:
+    """Put the run in the cluster the assignment names (a new one for a lone canonical); returns its id.
+    Its canonical and marks are derived by the caller (`_derive_cluster`)."""
     canonical_id = TrajectoryEmbedding.objects.values_list("trajectory_id", flat=True).get(pk=result.canonical_id)
     method = DedupCluster.Method.EXACT if result.match == "exact" else DedupCluster.Method.NEAR
     cluster = _cluster_of(result, canonical_id, method)
-    cluster = DedupCluster.objects.select_for_update().get(pk=cluster.pk)  # the cluster row, then its runs
     if cluster.method == DedupCluster.Method.EXACT and method == DedupCluster.Method.NEAR:
-        cluster.method = method
+        DedupCluster.objects.filter(pk=cluster.pk).update(method=method)
     Trajectory.objects.filter(pk=trajectory.pk).update(cluster=cluster)
     trajectory.cluster_id = cluster.pk
-    _derive_cluster(cluster, key=key)
+    return cluster.pk
 
 
 def _cluster_of(result: Assignment, canonical_id: int, method: str) -> DedupCluster:
