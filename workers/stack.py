@@ -109,8 +109,14 @@ def _terminate_local_sandboxes() -> None:
 
 
 def start_embedded_beat():
-    """Send each CELERY_BEAT_SCHEDULE task on its interval, as `celery beat` does on the full stack."""
+    """Run each CELERY_BEAT_SCHEDULE task on its interval, in this thread.
+
+    Not sent to the worker: its few threads are busy with rollouts for as long as a job runs, and a periodic
+    task queued behind them would wait for the job to end (the reconciler could not keep the warm pool
+    topped up, so every claim after the first few was cold). These tasks are short and idempotent.
+    """
     stop = threading.Event()
+    celery_app.loader.import_default_modules()  # registers the tasks this thread runs
     schedule = [(entry["task"], float(entry["schedule"])) for entry in settings.CELERY_BEAT_SCHEDULE.values()]
 
     def loop() -> None:
@@ -121,8 +127,17 @@ def start_embedded_beat():
             now = time.monotonic()
             for name, interval in schedule:
                 if now >= next_run[name]:
-                    celery_app.send_task(name)
-                    next_run[name] = now + interval
+                    _run_periodic(name)
+                    next_run[name] = time.monotonic() + interval
 
     threading.Thread(target=loop, name="embedded-beat", daemon=True).start()
     return stop.set
+
+
+def _run_periodic(name: str) -> None:
+    from django.db import close_old_connections
+
+    close_old_connections()
+    result = celery_app.tasks[name].apply()
+    if result.failed():
+        log.error("periodic task %s failed: %r", name, result.result)

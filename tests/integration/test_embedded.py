@@ -36,6 +36,10 @@ def test_the_demo_job_runs_in_the_embedded_default(tmp_path):
     assert {"model_call", "command", "eval"} <= kinds
     rewards = [row[0] for row in database.execute("select reward from experience_trajectory")]
     assert len(rewards) == 6 and all(r in (0.0, 1.0) for r in rewards)
+    # The demo fills the warm pool (2 x concurrency 2) before the job starts, and says how many run at once.
+    warm_claims = database.execute(
+        "select count(*) from fleets_sandbox where leased_at is not null and not cold_claim").fetchone()[0]
+    assert warm_claims >= 4 and "rollouts run 2 at a time" in result.stdout
     live = database.execute("select count(*) from fleets_sandbox where state != 'terminated'").fetchone()[0]
     assert live == 0
     sandbox_root = sandbox_host_dir(tmp_path / "var") / "sandboxes"  # the default (as root: outside var/)

@@ -55,7 +55,9 @@ class Command(BaseCommand):
             self.stdout.write(f"Proxy on {stack.proxy_url}; model {options['model_name']} at {endpoint.base_url} "
                               f"(endpoint {endpoint.name}"
                               + (", demo stand-in, offline)" if not options["model_url"] else ")"))
-            reconcile_all()  # warm the pool before the job starts
+            warm = self._warm_up(fleet, options["concurrency"])
+            self.stdout.write(f"Fleet {fleet.name}: {warm} sandboxes warm; rollouts run {options['concurrency']} "
+                              "at a time (--concurrency)")
             started = time.monotonic()
             job = job_create(task_set=task_set, fleet=fleet, endpoint=endpoint, model_name=options["model_name"],
                              samples_per_task=options["samples"], max_steps=options["max_steps"],
@@ -79,6 +81,24 @@ class Command(BaseCommand):
             return seed_demo_endpoint(options["model_url"], name="demo-external", model_name=options["model_name"],
                                       description="The model server `manage.py demo --model-url` was given.")
         return seed_demo_endpoint(demo_model_v1(stack.demo_model_url), model_name=options["model_name"])
+
+    @staticmethod
+    def _warm_up(fleet, concurrency: int, timeout_s: float = 60) -> int:
+        """Fill the warm pool before the job starts (two sandboxes per concurrent rollout), so claims are warm
+        from the first; the beat's reconciler keeps it topped up while the job runs."""
+        from webapp.fleets.models import Sandbox
+        from webapp.fleets.services import fleet_scale
+
+        target = min(fleet.max_warm, max(fleet.min_warm, 2 * concurrency))
+        if target != fleet.min_warm:
+            fleet = fleet_scale(fleet=fleet, min_warm=target)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            reconcile_all()
+            warm = Sandbox.objects.filter(fleet=fleet, state=Sandbox.State.WARM).count()
+            if warm >= target or time.monotonic() > deadline:
+                return warm
+            time.sleep(0.5)
 
     @staticmethod
     def _task_keys(task_set, limit: int) -> list[str] | None:
