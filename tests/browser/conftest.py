@@ -39,7 +39,10 @@ def page(browser):
 
 @pytest.fixture
 def logged_in_page(page, live_server, django_user_model):
-    django_user_model.objects.create_user(username="researcher", password="s3cret-pass-123")
+    from webapp.access.roles import role_groups_sync
+
+    user = django_user_model.objects.create_user(username="researcher", password="s3cret-pass-123")
+    user.groups.add(*role_groups_sync().values())  # the browser tests act in every role
     page.goto(f"{live_server.url}/accounts/login/")
     page.fill("input[name=username]", "researcher")
     page.fill("input[name=password]", "s3cret-pass-123")

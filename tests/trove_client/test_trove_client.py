@@ -16,6 +16,7 @@ from rest_framework.authtoken.models import Token
 
 from tests.webapp.rollouts.jobs_factories import celery_queue, drive, make_endpoint, make_fleet  # noqa: F401 (a fixture)
 from trove_client import TroveAPIError, TroveClient
+from webapp.access.roles import role_groups_sync
 from webapp.rollouts.models import Rollout, RolloutJob
 
 R = Rollout.Status
@@ -29,6 +30,7 @@ def tasks_jsonl(keys: list[str]) -> str:
 @pytest.fixture
 def trove(live_server, transactional_db, celery_queue):  # noqa: F811 (a fixture)
     user = get_user_model().objects.create_user("trainer")
+    user.groups.add(role_groups_sync()["researcher"])  # submits jobs and imports runs
     return TroveClient(live_server.url, Token.objects.create(user=user).key, timeout=10)
 
 

@@ -9,6 +9,7 @@ from rest_framework.authtoken.models import Token
 
 from experience.models import Trajectory
 from trove_client import TroveClient
+from webapp.access.roles import role_groups_sync
 from webapp.fleets.models import Sandbox
 from workers.seed import seed_demo_endpoint
 
@@ -19,6 +20,7 @@ def test_an_adaptive_job_submitted_by_the_client_runs_for_real_and_streams_back(
     celery_worker_process, live_server, demo_model_url, demo_task_set, demo_fleet
 ):
     user = get_user_model().objects.create_user("trainer")
+    user.groups.add(role_groups_sync()["trainer"])
     trove = TroveClient(live_server.url, Token.objects.create(user=user).key)
 
     job = trove.submit_job(task_set=demo_task_set.name, fleet=demo_fleet.name, endpoint=seed_demo_endpoint(demo_model_url).name,

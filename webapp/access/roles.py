@@ -1,30 +1,23 @@
-"""DESIGN's roles for people: a Django group per role with the model permissions it grants.
+"""DESIGN's roles for people: a Django group per role, holding exactly the permissions of its scopes.
 
-Kept in step on every `migrate` (post_migrate, after the permissions exist): a group is created when missing
-and given exactly its role's permissions, so a changed role reaches every database. Assign people to roles by
-adding them to these groups in the admin. The same roles exist as token presets (`scopes.ROLES`).
+The roles and what each scope asks of a user live in scopes.py (ROLES, SCOPE_PERMISSIONS); this module only
+keeps the groups in step with them on every `migrate` (post_migrate, after the permissions exist): a group is
+created when missing and given exactly its role's permissions, so a changed role reaches every database.
+Assign people to roles by adding them to these groups in the admin.
 """
 
 from __future__ import annotations
 
 from django.contrib.auth.models import Group, Permission
 
-_VIEW_RUNS = ["experience.view_trajectory", "experience.view_step", "experience.view_curationevent",
-              "experience.view_dedupcluster", "experience.view_dataset", "experience.view_datasetversion"]
-_VIEW_JOBS = ["rollouts.view_rolloutjob", "rollouts.view_rollout", "rollouts.view_taskset", "rollouts.view_task"]
-_VIEW_FLEETS = ["fleets.view_environmenttemplate", "fleets.view_fleet", "fleets.view_sandbox",
-                "fleets.view_sandboxevent"]
+from webapp.access.scopes import ROLES, SCOPE_PERMISSIONS
 
-ROLE_PERMISSIONS: dict[str, list[str]] = {
-    "ops": _VIEW_FLEETS + _VIEW_JOBS + ["fleets.add_environmenttemplate", "fleets.add_fleet", "fleets.change_fleet",
-                                        "rollouts.change_rolloutjob", "rollouts.change_rollout"],
-    "researcher": _VIEW_RUNS + _VIEW_JOBS + _VIEW_FLEETS + [
-        "rollouts.add_rolloutjob", "rollouts.change_rolloutjob", "rollouts.add_taskset", "experience.add_dataset",
-        "experience.add_datasetversion"],
-    "curator": _VIEW_RUNS + ["experience.change_trajectory", "experience.change_dedupcluster",
-                             "experience.add_curationevent"],
-    "trainer": _VIEW_RUNS + _VIEW_JOBS + ["rollouts.add_rolloutjob"],
-}
+
+def _role_permissions(scopes: tuple[str, ...]) -> list[str]:
+    return sorted({name for scope in scopes for name in SCOPE_PERMISSIONS[scope]})
+
+
+ROLE_PERMISSIONS: dict[str, list[str]] = {role: _role_permissions(scopes) for role, scopes in ROLES.items()}
 
 
 class MissingPermission(LookupError):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -24,6 +23,7 @@ from experience.services.dedup import (
     cluster_merge,
     cluster_split,
 )
+from webapp.access.permissions import scope_required
 from webapp.api.ranges import ID_MAX
 from webapp.api.trajectories import CURATE_PERMISSION
 from webapp.dashboard.forms import form_errors
@@ -48,7 +48,7 @@ class MergeForm(forms.Form):
     reason = forms.CharField(max_length=2000, required=False)
 
 
-@login_required
+@scope_required("trajectories")
 def cluster_index(request: HttpRequest) -> HttpResponse:
     """The clusters, optionally only those whose runs' outcomes differ (`?outcomes=mixed`) or agree."""
     form = ClusterFilterForm(request.GET)
@@ -59,7 +59,7 @@ def cluster_index(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard/clusters.html", {"clusters": cluster_list(outcomes=outcomes), "form": form})
 
 
-@login_required
+@scope_required("trajectories")
 def cluster_detail(request: HttpRequest, cluster_id: int) -> HttpResponse:
     try:
         cluster = cluster_get(cluster_id=cluster_id)
@@ -72,7 +72,7 @@ def cluster_detail(request: HttpRequest, cluster_id: int) -> HttpResponse:
     })
 
 
-@login_required
+@scope_required("trajectories", POST="trajectories:curate")
 @require_POST
 def cluster_split_view(request: HttpRequest, cluster_id: int) -> HttpResponse:
     form = SplitForm(request.POST)
@@ -81,7 +81,7 @@ def cluster_split_view(request: HttpRequest, cluster_id: int) -> HttpResponse:
         back=cluster_id, done="split out into cluster {}")
 
 
-@login_required
+@scope_required("trajectories", POST="trajectories:curate")
 @require_POST
 def cluster_merge_view(request: HttpRequest, cluster_id: int) -> HttpResponse:
     form = MergeForm(request.POST)

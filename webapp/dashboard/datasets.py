@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.contrib.auth.decorators import login_required
 from django.db import transaction
 from django.db.models.fields.json import KT
 from django.http import Http404
@@ -22,6 +21,7 @@ from experience.distill.splits import EmptySplitError, split_for_task
 from experience.errors import NotFound, TroveError
 from experience.models import DatasetVersion, Trajectory
 from experience.services import datasets
+from webapp.access.permissions import scope_required
 from webapp.api.ranges import INT_MAX
 
 BUILD_TASK = "trove.datasets.build"
@@ -100,7 +100,7 @@ class DatasetForm(forms.Form):
 # --- views ---------------------------------------------------------------------------------------------
 
 
-@login_required
+@scope_required("datasets")
 def dataset_index(request):
     form = DatasetForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
@@ -139,12 +139,12 @@ def filters_text(filters: dict) -> str:
     return "; ".join(parts) or "all runs"
 
 
-@login_required
+@scope_required("datasets")
 def dataset_detail(request, name: str):
     return _render_dataset(request, _dataset_or_404(name))
 
 
-@login_required
+@scope_required("datasets")
 @require_POST
 def dataset_build(request, name: str):
     dataset = _dataset_or_404(name)
@@ -168,7 +168,7 @@ def _render_dataset(request, dataset, *, error: str = "", status: int = 200):
     }, status=status)  # fmt: skip
 
 
-@login_required
+@scope_required("datasets")
 def dataset_version(request, name: str, version: int):
     found = _version_or_404(name, version)
     manifest = found.manifest or {}
@@ -181,7 +181,7 @@ def dataset_version(request, name: str, version: int):
     })  # fmt: skip
 
 
-@login_required
+@scope_required("datasets")
 def dataset_compare(request):
     try:
         a = datasets.dataset_version_resolve(ref=request.GET.get("a", ""))

@@ -11,7 +11,6 @@ from urllib.parse import urlencode
 from django import forms
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -31,6 +30,7 @@ from experience.search import (
 )
 from experience.services.curation import ACTIONS, trajectories_curate
 from experience.services.importing import ImportReport, trajectories_import_upload
+from webapp.access.permissions import scope_required
 from webapp.api.ranges import ID_MAX
 from webapp.api.trajectories import CURATE_PERMISSION
 from webapp.dashboard.forms import form_errors
@@ -44,7 +44,7 @@ def _given_filters(data) -> dict[str, str]:
     return {name: data[name] for name in FILTER_NAMES if data.get(name)}
 
 
-@login_required
+@scope_required("trajectories")
 def explorer(request: HttpRequest) -> HttpResponse:
     params = _given_filters(request.GET)
     context: dict = {"params": params, "statuses": Trajectory.Status.values, "outcomes": OUTCOMES,
@@ -94,7 +94,7 @@ class CurateForm(forms.Form):
     canonical = forms.IntegerField(required=False, min_value=1, max_value=ID_MAX)
 
 
-@login_required
+@scope_required("trajectories", POST="trajectories:curate")
 @require_POST
 def explorer_curate(request: HttpRequest) -> HttpResponse:
     """Bulk curation from the explorer: the checked runs, or every run matching the page's filters."""
@@ -133,7 +133,7 @@ class ImportForm(forms.Form):
     format = forms.ChoiceField(choices=[("", "detect")] + [(k, k) for k in sorted(REGISTRY)], required=False)
 
 
-@login_required
+@scope_required("trajectories")
 def trajectory_import(request: HttpRequest) -> HttpResponse:
     """Upload trajectory files; each is imported all or nothing and the report says what happened."""
     form = ImportForm(request.POST if request.method == "POST" else None)

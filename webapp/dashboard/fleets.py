@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from experience.errors import NotFound, TroveError
+from webapp.access.permissions import scope_required
 from webapp.api.ranges import INT_MAX
 from webapp.dashboard.forms import form_errors
 from webapp.fleets import selectors, services
@@ -58,7 +58,7 @@ class FleetTemplateForm(TemplateChoiceForm):
     pass
 
 
-@login_required
+@scope_required("fleets")
 def fleet_list(request):
     form = FleetCreateForm(request.POST or None, templates=list(selectors.template_list()))
     if request.method == "POST" and form.is_valid():
@@ -76,7 +76,7 @@ def fleet_list(request):
     })
 
 
-@login_required
+@scope_required("fleets")
 def fleet_detail(request, fleet_id: int):
     fleet = _fleet_or_404(fleet_id)
     before = request.GET.get("before")
@@ -91,7 +91,7 @@ def fleet_detail(request, fleet_id: int):
     })
 
 
-@login_required
+@scope_required("fleets")
 @require_POST
 def fleet_scale(request, fleet_id: int):
     fleet = _fleet_or_404(fleet_id)
@@ -104,7 +104,7 @@ def fleet_scale(request, fleet_id: int):
     return redirect("dashboard:fleet", fleet.pk)
 
 
-@login_required
+@scope_required("fleets")
 @require_POST
 def fleet_drain(request, fleet_id: int):
     fleet = _fleet_or_404(fleet_id)
@@ -113,7 +113,7 @@ def fleet_drain(request, fleet_id: int):
     return redirect("dashboard:fleet", fleet.pk)
 
 
-@login_required
+@scope_required("fleets")
 @require_POST
 def fleet_template(request, fleet_id: int):
     fleet = _fleet_or_404(fleet_id)

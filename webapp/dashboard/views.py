@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import render
 
 from experience.errors import NotFound
 from experience.selectors import trajectory_get, trajectory_list, trajectory_timeline
+from webapp.access.permissions import scope_required
 from webapp.dashboard import selectors
 from webapp.rollouts.models import Rollout
 from webapp.rollouts.services import job_get, job_progress
 
 
-@login_required
+@scope_required("jobs")
 def overview(request):
     return render(request, "dashboard/overview.html", {
         "fleets": selectors.fleets_overview(),
@@ -22,7 +22,7 @@ def overview(request):
     })
 
 
-@login_required
+@scope_required("jobs")
 def job_detail(request, job_id: int):
     try:
         job = job_get(job_id=job_id)
@@ -33,7 +33,7 @@ def job_detail(request, job_id: int):
     })
 
 
-@login_required
+@scope_required("trajectories")
 def trajectory_detail(request, trajectory_id: int):
     try:
         trajectory = trajectory_get(trajectory_id=trajectory_id)

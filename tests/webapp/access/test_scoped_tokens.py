@@ -22,7 +22,10 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def user():
-    return get_user_model().objects.create_user("trainer")
+    """A trainer: the role behind a token bounds what the token may do."""
+    trainer = get_user_model().objects.create_user("trainer")
+    trainer.groups.add(Group.objects.get(name="trainer"))
+    return trainer
 
 
 def client_with(key: str, keyword: str = "Bearer") -> APIClient:
@@ -124,12 +127,24 @@ def test_last_used_is_recorded_once_a_minute(user):
     assert ApiToken.objects.get(pk=issued.token.pk).last_used_at == first
 
 
-def test_plain_drf_tokens_and_sessions_are_not_scoped(user):
+def test_plain_drf_tokens_act_with_their_users_roles(user):
     from rest_framework.authtoken.models import Token
 
     api = client_with(Token.objects.create(user=user).key, keyword="Token")
     assert api.get("/api/v1/trajectories/").status_code == 200
-    assert api.get("/api/v1/fleets/").status_code == 200
+    assert api.get("/api/v1/fleets/").status_code == 200  # every account reads
+    refused = api.post("/api/v1/fleets/", {"name": "f", "template": 1}, format="json")
+    assert refused.status_code == 403 and "'fleets:write' needs the role ops" in refused.json()["detail"]
+    assert api.post("/api/v1/jobs/", {}, format="json").status_code == 400  # a trainer submits jobs
+
+
+def test_a_token_never_does_more_than_its_user(user):
+    """The token carries fleets:write, its user (a trainer) has not: refused, and allowed once they are ops."""
+    api = client_with(issue(user, "fleets:read", "fleets:write").key)
+    refused = api.post("/api/v1/fleets/", {"name": "f", "template": 1}, format="json")
+    assert refused.status_code == 403 and "needs the role ops" in refused.json()["detail"]
+    user.groups.add(Group.objects.get(name="ops"))
+    assert api.post("/api/v1/fleets/", {"name": "f", "template": 999999}, format="json").status_code == 404
 
 
 def test_unknown_scopes_and_empty_scopes_are_refused(user):
@@ -210,6 +225,8 @@ def test_admin_issues_a_token_and_shows_its_key_once(client):
     assert Permission.objects.filter(codename="add_apitoken").exists()
 
 
-def test_openapi_schema_describes_bearer_tokens(client):
+def test_openapi_schema_describes_bearer_tokens(client, user):
+    assert client.get("/api/schema/?format=json").status_code in (401, 403)
+    client.force_login(user)
     schema = client.get("/api/schema/?format=json").json()
     assert schema["components"]["securitySchemes"]["scopedToken"]["scheme"] == "bearer"

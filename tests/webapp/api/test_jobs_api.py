@@ -18,6 +18,7 @@ from tests.webapp.rollouts.jobs_factories import (  # noqa: F401 (celery_queue i
     make_job,
     make_task_set,
 )
+from webapp.access.roles import role_groups_sync
 from webapp.rollouts.models import Rollout, RolloutJob, TaskSet
 
 R = Rollout.Status
@@ -28,6 +29,7 @@ SECRET = "sk-live-never-show-me-4f1c"
 @pytest.fixture
 def api():
     user = get_user_model().objects.create_user("trainer")
+    user.groups.add(role_groups_sync()["trainer"])
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
     client.user = user

@@ -6,7 +6,6 @@ import json
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -16,6 +15,7 @@ from experience.models import Blob, CurationEvent, Step, Trajectory
 from experience.services.importing import trajectories_import_file
 from tests.experience.importers.fixture_files import EVAL_ZIP, MULTI_SWE, PYDICOM
 from tests.experience.services.store_factories import RunFactory, StepFactory, run_record, stored
+from webapp.access.roles import role_groups_sync
 
 pytestmark = pytest.mark.django_db
 
@@ -29,13 +29,15 @@ def client_for(user) -> APIClient:
 
 @pytest.fixture
 def api():
-    return client_for(get_user_model().objects.create_user("trainer"))
+    user = get_user_model().objects.create_user("trainer")
+    user.groups.add(role_groups_sync()["researcher"])  # the role that posts and imports runs
+    return client_for(user)
 
 
 @pytest.fixture
 def curator_api():
     user = get_user_model().objects.create_user("curator")
-    user.user_permissions.add(Permission.objects.get(codename="change_trajectory"))
+    user.groups.add(role_groups_sync()["curator"])
     return client_for(user)
 
 

@@ -6,12 +6,12 @@ import re
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.test import Client
 
 from experience.models import CurationEvent, Trajectory
 from tests.experience.importers.fixture_files import MULTI_SWE, PYDICOM
 from tests.experience.services.store_factories import RunFactory, run_record, stored
+from webapp.access.roles import role_groups_sync
 
 pytestmark = pytest.mark.django_db
 
@@ -19,14 +19,16 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def researcher():
     client = Client()
-    client.force_login(get_user_model().objects.create_user("researcher"))
+    user = get_user_model().objects.create_user("researcher")
+    user.groups.add(role_groups_sync()["researcher"])
+    client.force_login(user)
     return client
 
 
 @pytest.fixture
 def curator():
     user = get_user_model().objects.create_user("curator")
-    user.user_permissions.add(Permission.objects.get(codename="change_trajectory"))
+    user.groups.add(role_groups_sync()["curator"])
     client = Client()
     client.force_login(user)
     return client
@@ -103,7 +105,8 @@ def test_someone_without_the_permission_cannot_curate(researcher):
     response = researcher.post("/trajectories/curate/", {"checked": [pk], "selection": "checked", "action": "reject"},
                                follow=True)
 
-    assert "needs the experience.change_trajectory permission" in response.content.decode()
+    assert response.status_code == 403
+    assert "&#x27;trajectories:curate&#x27; needs the role curator" in response.content.decode()
     assert Trajectory.objects.get(pk=pk).curation_status == "pending"
 
 

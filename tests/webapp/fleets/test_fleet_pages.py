@@ -9,6 +9,7 @@ import pytest
 from django.utils import timezone
 
 from tests.webapp.fleets.fleet_factories import make_fleet, make_template, warm_rows
+from webapp.access.roles import role_groups_sync
 from webapp.fleets import services
 from webapp.fleets.models import Fleet, Sandbox, SandboxEvent
 
@@ -18,7 +19,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def ops(client, django_user_model):
-    client.force_login(django_user_model.objects.create_user("ops"))
+    user = django_user_model.objects.create_user("ops")
+    user.groups.add(role_groups_sync()["ops"])
+    client.force_login(user)
     return client
 
 

@@ -9,6 +9,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from tests.webapp.fleets.fleet_factories import make_fleet, make_template, warm_rows
+from webapp.access.roles import role_groups_sync
 from webapp.fleets import services
 from webapp.fleets.models import EnvironmentTemplate, Fleet, Sandbox
 
@@ -20,6 +21,7 @@ SECRET = "s3cret-agent-value"  # what warm_rows stores as each sandbox's agent s
 @pytest.fixture
 def api():
     user = get_user_model().objects.create_user("ops")
+    user.groups.add(role_groups_sync()["ops"])
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
     return client
