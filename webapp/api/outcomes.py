@@ -15,7 +15,7 @@ from typing import Any
 
 from django.urls import path
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers
+from rest_framework import generics, serializers
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.pagination import CursorPagination
 from rest_framework.parsers import JSONParser
@@ -39,7 +39,8 @@ CURATE_PERMISSION = "experience.change_trajectory"
 class OutcomeInputSerializer(serializers.Serializer):
     reward = serializers.FloatField(required=False, allow_null=True, help_text="null clears it")
     success = serializers.BooleanField(required=False, allow_null=True, help_text="null clears it")
-    status = serializers.ChoiceField(choices=OUTCOME_STATUSES, required=False)
+    # Checked by the service (a 400 naming it); a CharField, so the schema has no second `status` enum.
+    status = serializers.CharField(required=False, help_text="one of: " + ", ".join(OUTCOME_STATUSES))
     reason = serializers.CharField(max_length=MAX_REASON_CHARS, help_text="why: recorded with the change")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -100,15 +101,21 @@ class TrajectoryOutcomeApi(APIView):
         return Response(OutcomeResultSerializer(body).data)
 
 
-class TrajectoryEventsApi(APIView):
-    scope_area = "trajectories"
+class TrajectoryEventsApi(generics.ListAPIView):
+    """The run's curation events, newest first: who, when, before, after and why."""
 
-    @extend_schema(responses=CurationEventSerializer(many=True), operation_id="trajectories_events")
-    def get(self, request: Request, trajectory_id: int) -> Response:
-        """The run's curation events, newest first: who, when, before, after and why."""
-        paginator = EventPagination()
-        page = paginator.paginate_queryset(curation_history(trajectory_id=trajectory_id), request, view=self)
-        return paginator.get_paginated_response(CurationEventSerializer(page, many=True).data)
+    scope_area = "trajectories"
+    serializer_class = CurationEventSerializer
+    pagination_class = EventPagination
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # the schema generator, with no run to look up
+            return CurationEvent.objects.none()
+        return curation_history(trajectory_id=self.kwargs["trajectory_id"])
+
+    @extend_schema(operation_id="trajectories_events")
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
 
 
 urlpatterns = [
