@@ -148,7 +148,7 @@ def embedded_worker(transactional_db, settings):
     from workers.embedded import start_embedded_worker, stop_embedded_worker
 
     previous = app.conf.broker_url
-    app.conf.broker_url = "memory://"
+    app.conf.broker_url = "memory://localhost/"
     start_embedded_worker(concurrency=2)
     yield
     stop_embedded_worker()

@@ -59,8 +59,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
     "webapp.api.limits.BodySizeLimitMiddleware",  # before anything reads a body (TROVE_MAX_BODY_BYTES)
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -153,7 +153,7 @@ WHITENOISE_USE_FINDERS = True
 
 # --- Celery -----------------------------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL")
-CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_BROKER_URL = REDIS_URL or "memory://localhost/"  # a host named, or kombu warns "No hostname was supplied"
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = False  # only idempotent tasks opt in, per task
@@ -213,6 +213,7 @@ TROVE_ROLLOUT_MAX_ATTEMPTS = env_int("TROVE_ROLLOUT_MAX_ATTEMPTS", 3)
 # A queued rollout of an open job whose message was sent this long ago, while the broker queue is empty, is
 # sent again (its message was lost, e.g. Redis lost data); a duplicate is a no-op (trove.rollouts.reap_stale).
 TROVE_ROLLOUT_RESEND_S = env_int("TROVE_ROLLOUT_RESEND_S", 120)
+# The largest request body, uploads included, for the API and the dashboard alike (webapp/api/limits.py).
 TROVE_MAX_BODY_BYTES = env_int("TROVE_MAX_BODY_BYTES", 32 * 1024 * 1024)
 TROVE_MAX_STEPS_PER_TRAJECTORY = env_int("TROVE_MAX_STEPS_PER_TRAJECTORY", 20000)
 TROVE_MAX_CONTENT_CHARS = env_int("TROVE_MAX_CONTENT_CHARS", 4 * 1024 * 1024)
@@ -221,7 +222,6 @@ TROVE_INDEX_DIR = Path(env_str("TROVE_INDEX_DIR") or VAR_DIR / "index")
 TROVE_DEDUP_EMBEDDER = env_choice("TROVE_DEDUP_EMBEDDER", "lexical", ("lexical", "minilm"))  # dedup README
 DATA_UPLOAD_MAX_MEMORY_SIZE = TROVE_MAX_BODY_BYTES
 
-# The largest request body, uploads included, for the API and the dashboard alike (webapp/api/limits.py).
 # --- REST API ---------------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -235,6 +235,12 @@ REST_FRAMEWORK = {
         "webapp.access.permissions.TokenScopes",
     ],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    # DRF's JSON parser with the importers' nesting limit: a deeply nested body is a 400, not a RecursionError.
+    "DEFAULT_PARSER_CLASSES": [
+        "webapp.api.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "webapp.api.exception_handlers.trove_exception_handler",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.CursorPagination",
@@ -243,13 +249,9 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "Trove API",
     "VERSION": "0.1.0",
-    # DRF's JSON parser with the importers' nesting limit: a deeply nested body is a 400, not a RecursionError.
-    "DEFAULT_PARSER_CLASSES": [
-        "webapp.api.parsers.BoundedJSONParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
-    ],
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema maps every endpoint: signed-in people and tokens only (the docs page also needs a session).
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     # Swagger UI assets are served from the installed sidecar package, never a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
@@ -258,8 +260,6 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "JobStatusEnum": "webapp.rollouts.models.RolloutJob.Status",
         "RolloutStatusEnum": "webapp.rollouts.models.Rollout.Status",
-    # The schema maps every endpoint: signed-in people and tokens only (the docs page also needs a session).
-    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
         "FleetStatusEnum": "webapp.fleets.models.Fleet.Status",
     },
 }
