@@ -426,6 +426,14 @@ def _members_of(trajectory_ids: Iterable[int]) -> dict[int, dict[str, Any]]:
     return {pk: dict(zip((*_TRACKED, *_OUTCOME), values, strict=True)) for pk, *values in rows}
 
 
+def _vectors_key(embedder: Embedder | str | None) -> str:
+    """Whose stored vectors give similarities: the embedder's, else the configured one's. Named, not
+    loaded: re-deriving after a curator's edit must not load a model in a web request."""
+    if embedder is not None and not isinstance(embedder, str):
+        return embedder_key(embedder)
+    return embedder_key(get_embedder(embedder or getattr(settings, "TROVE_DEDUP_EMBEDDER", "") or DEFAULT_EMBEDDER))
+
+
 def _candidate(pk: int, row: Mapping[str, Any]) -> Candidate:
     return Candidate(pk, outcome_of(success=row["success"], reward=row["reward"]), row["curation_status"])
 
@@ -515,7 +523,7 @@ def _drop_runs_without_actions(cluster: DedupCluster, key: str) -> None:
 def clusters_rederive(*, cluster_ids: Iterable[int], embedder: Embedder | str | None = None) -> int:
     """Re-derive these clusters' canonicals and duplicate marks (missing ids are ignored); returns how many
     were re-derived. Takes the dedup writer lock: call it outside a transaction that holds run rows."""
-    key = embedder_key(_resolve(embedder))
+    key = _vectors_key(embedder)
     ids = sorted({int(i) for i in cluster_ids})
     with _writer():
         clusters = list(DedupCluster.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
@@ -805,7 +813,7 @@ def _curated_plan(members: list[Trajectory], cluster_id: int, canonical_id: int 
     candidates = [_candidate(t.pk, {name: getattr(t, name) for name in _OUTCOME}) for t in members]
     derivation = derive(candidates, pinned=canonical_id)
     ids = [t.pk for t in members]
-    plans.update(_marks(cluster_id, derivation, ids, _vectors(ids, embedder_key(dedup_embedder()))))
+    plans.update(_marks(cluster_id, derivation, ids, _vectors(ids, _vectors_key(None))))
     return derivation
 
 
