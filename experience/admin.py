@@ -153,6 +153,9 @@ class TrajectoryAdmin(admin.ModelAdmin):
     list_per_page = 100
     actions = [*(_curate(action) for action in ACTION_FIELDS), "curate_set_outcome"]
 
+    def has_add_permission(self, request) -> bool:
+        return False  # runs enter the store through ingest, imports and rollouts, with their provenance
+
     def get_queryset(self, request):
         # The list never shows the large text columns; the change form loads the row whole.
         queryset = super().get_queryset(request)
@@ -223,6 +226,14 @@ class StepAdmin(admin.ModelAdmin):
     raw_id_fields = ("trajectory",)
     show_full_result_count = False
     paginator = EstimatedCountPaginator
+
+    # A run's steps are its record (an evaluation step's exit code is its outcome's evidence): viewed, never
+    # edited or added here.
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
 
     def get_queryset(self, request):
         return super().get_queryset(request).defer("payload", "blob_refs")

@@ -211,3 +211,17 @@ def test_the_change_form_shows_the_outcome_history(admin_client_, root):
     page = admin_client_.get(f"{CHANGELIST}{pk}/change/").content.decode()
 
     assert "set_outcome" in page and "replayed: the fix was never applied" in page
+
+
+def test_the_admin_cannot_add_runs_nor_edit_their_steps(admin_client_):
+    (pk,) = stored(RunFactory())
+    step = Trajectory.objects.get(pk=pk).steps.first()
+
+    add = admin_client_.post(f"{CHANGELIST}add/", {"source": "rollout", "source_ref": "r", "task_key": "t"})
+    edit = admin_client_.post(f"/admin/experience/step/{step.pk}/change/", {"exit_code": "1", "kind": "eval"})
+    view = admin_client_.get(f"/admin/experience/step/{step.pk}/change/")
+
+    assert add.status_code == 403 and Trajectory.objects.count() == 1
+    assert edit.status_code == 403 and view.status_code == 200
+    step.refresh_from_db()
+    assert (step.kind, step.exit_code) == ("command", 0)
