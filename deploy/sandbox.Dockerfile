@@ -1,6 +1,7 @@
 # Base for sandbox images on Kubernetes. What the backend's pods expect of an image:
 #   - python3 on PATH and the agent at /opt/trove/agent.py (stdlib only);
-#   - runnable as uid 1000 with a read-only root filesystem (/workspace and /tmp are emptyDirs).
+#   - runnable with a read-only root filesystem (/workspace and /tmp are emptyDirs): the agent as uid 0 with
+#     only SETUID/SETGID/KILL, commands as uid 1000 through setpriv (util-linux), as the pod spec sets it.
 # Build task images FROM this one, add the task's tools, and pin them by digest in the EnvironmentTemplate.
 #   docker build -f deploy/sandbox.Dockerfile -t registry.example.org/trove/sandbox-base .
 FROM python:3.11-slim

@@ -449,8 +449,8 @@ class Agent:
 
     def spawner(self):
         """How `run_command` starts bash: posix_spawn as ourselves; as `run_as`, posix_spawn through setpriv
-        (which switches every uid and gid and drops the inheritable capabilities before it execs bash, and
-        refuses to exec it if the switch fails), or fork and drop here."""
+        (which switches every uid and gid, drops the inheritable capabilities and sets no_new_privs before it
+        execs bash, and refuses to exec it if any of that fails), or fork and drop here."""
         run_as = self.run_as
         if run_as is None:
             return lambda argv, env, out_w, err_w: spawn_command(self.bash, argv, env, out_w, err_w)
@@ -497,8 +497,9 @@ def find_program(name: str) -> str:
 
 def drop_to(run_as: tuple[int, int]) -> None:
     """Become `run_as` for good in this (forked) process: no supplementary groups, real, effective and saved
-    ids all switched, which clears every capability. no_new_privs (set by bubblewrap on the whole sandbox)
-    keeps a setuid or file-capability binary from giving any back. Raises if the switch did not happen."""
+    ids all switched, which clears every capability. no_new_privs (set on the whole sandbox by bubblewrap, or
+    by Kubernetes' allowPrivilegeEscalation: false) keeps a setuid or file-capability binary from giving any
+    back. Raises if the switch did not happen."""
     uid, gid = run_as
     os.setgroups([])
     os.setresgid(gid, gid, gid)
@@ -579,8 +580,8 @@ def spawn_command(program: str, argv: list[str], env: dict[str, str], out_w: int
 
 def setpriv_argv(run_as: tuple[int, int], bash: str, argv: list[str]) -> list[str]:
     uid, gid = run_as
-    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--inh-caps=-all", "--", bash,
-            *argv[1:]]
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--inh-caps=-all", "--no-new-privs",
+            "--", bash, *argv[1:]]
 
 
 def spawn_command_as(run_as: tuple[int, int], bash: str, argv: list[str], env: dict[str, str], out_w: int,

@@ -2,11 +2,14 @@
 
 Objects in the sandbox namespace, all labelled `trove.dev/sandbox=<object name>` plus the spec's labels
 (`trove.dev/fleet` among them):
-- Pod `<name>`: the sandbox. Requests = limits, non-root, no privilege escalation, all capabilities dropped,
-  read-only root with emptyDirs for /workspace and /tmp, no service-account token, restartPolicy Never
-  (a sandbox whose agent died has lost its state: it is replaced, not restarted).
-- Secret `<name>-agent`: the per-sandbox agent secret, mounted read-only into the pod (a file rather than
-  an env var, so commands the agent runs do not inherit it).
+- Pod `<name>`: the sandbox. Requests = limits, no privilege escalation (no_new_privs), read-only root with
+  emptyDirs for /workspace and /tmp, no service-account token, restartPolicy Never (a sandbox whose agent
+  died has lost its state: it is replaced, not restarted). Two users, as in the local backend: the agent
+  runs as uid 0 of the container with every capability dropped but SETUID, SETGID and KILL, and starts every
+  command (and file operation) as `run_as_user` with none (`--run-as`), so no command can signal, trace or
+  read the agent, or read its secret.
+- Secret `<name>-agent`: the per-sandbox agent secret, mounted read-only into the pod, readable by the
+  agent's uid only (0400; a file rather than an env var, so commands the agent runs do not inherit it).
 - Per fleet: a ConfigMap `trove-fleet-<fleet>` that owns the fleet's pods, secrets and NetworkPolicy, so
   deleting it lets the garbage collector cascade; and a NetworkPolicy (`ensure_fleet_policy`) that denies
   egress except to the recording proxy.
@@ -58,6 +61,7 @@ LABEL_NETWORK = "trove.dev/network"
 ANNOTATION_NAME = "trove.dev/sandbox-name"
 SECRET_KEY = "secret"
 SECRET_MOUNT = "/var/run/trove/agent"
+AGENT_CAPABILITIES = ("SETUID", "SETGID", "KILL")
 CONTAINER = "sandbox"
 
 # Container waiting reasons that no amount of waiting fixes: the image or the container config is wrong.
@@ -108,7 +112,7 @@ class KubeSandboxConfig:
     default_cpu: float = 1.0
     default_memory_mb: int = 1024
     tmp_size_mb: int = 256
-    run_as_user: int = 1000
+    run_as_user: int = 1000  # the commands' uid; the agent runs as 0 (see AGENT_CAPABILITIES)
     delete_grace_seconds: int = 5
     owner_references: bool = True
     runtime_class_name: str = ""  # e.g. "gvisor" where the cluster offers one
@@ -200,10 +204,12 @@ def pod_manifest(spec: SandboxSpec, *, config: KubeSandboxConfig, owner: dict[st
         # Requests = limits: Guaranteed QoS, so a busy neighbour cannot squeeze a rollout mid-episode.
         "resources": {"requests": resources, "limits": dict(resources)},
         "readinessProbe": {"tcpSocket": {"port": "agent"}, "periodSeconds": 1, "failureThreshold": 3},
+        # The agent's own user: 0 with only what switching its children to run_as_user and killing their
+        # process groups takes (agent_args passes --run-as); commands then hold no capability at all.
         "securityContext": {
-            "runAsNonRoot": True, "runAsUser": config.run_as_user, "runAsGroup": config.run_as_user,
+            "runAsNonRoot": False, "runAsUser": 0, "runAsGroup": 0,
             "allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
+            "capabilities": {"drop": ["ALL"], "add": list(AGENT_CAPABILITIES)},
         },
         "volumeMounts": [
             {"name": "workspace", "mountPath": config.workspace},
@@ -218,14 +224,14 @@ def pod_manifest(spec: SandboxSpec, *, config: KubeSandboxConfig, owner: dict[st
         "terminationGracePeriodSeconds": config.delete_grace_seconds,
         "securityContext": {
             "runAsNonRoot": True, "runAsUser": config.run_as_user, "runAsGroup": config.run_as_user,
-            "fsGroup": config.run_as_user,  # makes the 0440 secret file readable by the agent's group
+            "fsGroup": config.run_as_user,  # the workspace and /tmp belong to the commands' group
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
         "volumes": [
             workspace_volume,
             {"name": "tmp", "emptyDir": {"sizeLimit": f"{config.tmp_size_mb}Mi"}},
-            {"name": "agent-secret", "secret": {"secretName": secret_name(obj), "defaultMode": 0o440}},
+            {"name": "agent-secret", "secret": {"secretName": secret_name(obj), "defaultMode": 0o400}},
         ],
     }
     if config.runtime_class_name:
@@ -247,6 +253,7 @@ def agent_args(config: KubeSandboxConfig) -> list[str]:
     return [
         "--listen", f"tcp:0.0.0.0:{config.agent_port}",
         "--secret-file", f"{SECRET_MOUNT}/{SECRET_KEY}",
+        "--run-as", f"{config.run_as_user}:{config.run_as_user}",
         "--workspace", config.workspace,
     ]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
@@ -200,15 +201,39 @@ def test_a_pod_deleted_behind_the_backends_back_is_gone_and_the_watch_says_so(ku
     assert not watcher.is_alive()
 
 
-def test_a_sandbox_whose_agent_died_is_reported_failed(kube_backend):
+def test_a_sandbox_whose_agent_died_is_reported_failed(kube_backend, kube_kubelet):
     handle = kube_backend.create(SandboxSpec(name="sb-dies"))
+    if os.geteuid() == 0:  # the agent has a uid of its own, so a command cannot kill it
+        assert kube_backend.exec(handle, "kill -9 $PPID; echo $?").stdout == "1\n"  # $PPID is the agent
+        assert kube_backend.exec(handle, "exit 3").exit_code == 3
+    agent_pid = next(pid for pid in kube_kubelet.pod_processes(handle.details["uid"])
+                     if b"--listen" in Path(f"/proc/{pid}/cmdline").read_bytes())
+    os.kill(agent_pid, 9)
 
     with pytest.raises(AgentUnavailable):
-        kube_backend.exec(handle, "kill -9 $PPID; sleep 5", timeout=10)  # $PPID is the agent
+        kube_backend.exec(handle, "echo never", timeout=10)
 
     failed = wait_for(lambda: (h := kube_backend.get("sb-dies")).state == "failed" and h, what="the pod to fail")
     assert failed.reason.startswith("Error")
     assert failed.details["permanent"] is True
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the test kubelet honours runAsUser only as root")
+def test_a_command_cannot_read_the_agents_secret_or_touch_the_agent(kube_backend):
+    handle = kube_backend.create(SandboxSpec(name="sb-attack"))
+
+    attack = kube_backend.exec(handle, """
+        cat /var/run/trove/agent/secret; env | grep -i secret
+        cat /proc/$PPID/environ /proc/$PPID/mem 2>&1 | head -c 300; ls /proc/$PPID/fd 2>&1
+        kill -STOP $PPID; kill -9 $PPID; echo "kill=$?"
+        grep -E '^(Uid|CapEff|NoNewPrivs):' /proc/self/status
+    """)
+
+    assert handle.secret not in attack.stdout + attack.stderr
+    assert "kill=1" in attack.stdout and "Permission denied" in attack.stdout + attack.stderr
+    assert [line.split()[1] for line in attack.stdout.splitlines()[-3:]] == ["1000", "0" * 16, "1"]
+    assert kube_backend.exec(handle, "exit 3").exit_code == 3
+    kube_backend.destroy("sb-attack")
 
 
 def test_the_agent_refuses_a_wrong_secret(kube_backend):
@@ -234,7 +259,12 @@ def test_the_pod_spec_holds_the_security_settings(kube_backend, core, kube_names
     ctx = container.security_context
     assert ctx.allow_privilege_escalation is False and ctx.privileged is False
     assert ctx.read_only_root_filesystem is True
-    assert ctx.capabilities.drop == ["ALL"] and not ctx.capabilities.add
+    # The agent's user: 0 with just enough to start commands as 1000 (with nothing) and kill them.
+    assert ctx.run_as_user == 0 and ctx.capabilities.drop == ["ALL"]
+    assert sorted(ctx.capabilities.add) == ["KILL", "SETGID", "SETUID"]
+    assert container.args[container.args.index("--run-as") + 1] == "1000:1000"
+    assert spec.volumes[-1].secret.default_mode == 0o400 or any(
+        v.secret and v.secret.default_mode == 0o400 for v in spec.volumes)
     assert container.resources.requests == container.resources.limits == {
         "cpu": "250m", "memory": "300Mi", "ephemeral-storage": "2304Mi"}
     volumes = {v.name: v for v in spec.volumes}
