@@ -17,10 +17,12 @@ Two ways, by privilege:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
 import stat
+import tempfile
 
 MIB = 1024 * 1024
 DEFAULT_DISK_MB = 1024  # a template's default disk_mb; the workspace of a spec without one
@@ -45,8 +47,7 @@ def host_mounts_work(scratch_dir: str) -> bool:
     without it), tried once on a scratch directory under `scratch_dir`."""
     if os.geteuid() != 0:
         return False
-    probe = os.path.join(scratch_dir, f".mount-probe-{os.getpid()}")
-    os.makedirs(probe, exist_ok=True)
+    probe = tempfile.mkdtemp(prefix=".mount-probe-", dir=scratch_dir)  # one per caller: threads may race here
     try:
         mount_workspace(probe, 1)
         unmount_workspace(probe)
@@ -54,7 +55,8 @@ def host_mounts_work(scratch_dir: str) -> bool:
     except QuotaError:
         return False
     finally:
-        os.rmdir(probe)
+        with contextlib.suppress(OSError):
+            os.rmdir(probe)
 
 
 def workspace_size_mb(disk_mb: int | None) -> int:
