@@ -908,6 +908,8 @@ def main(argv: list[str]) -> None:
     os.chdir(workspace)  # commands are spawned with the agent's own working directory
     agent = Agent(secret=secret, workspace=workspace, max_request=opts.max_request, run_as=opts.run_as)
     agent.check_user_switch()
+    if opts.run_as is None:
+        _make_undumpable()
     if opts.forward:
         listen, target = parse_forward(opts.forward)
         forward_listener = open_listener(listen)
@@ -935,6 +937,20 @@ def announce_ready(endpoint: str) -> None:
     except OSError:
         pass  # nobody is reading: fine, the Unix socket file is the other readiness signal
     _redirect(1, "/dev/null", os.O_WRONLY)
+
+
+def _make_undumpable() -> None:
+    """Without a user of its own (Trove not run as root), commands share the agent's uid: refuse them what
+    that uid would allow, reading or writing the agent's memory through /proc/<pid>/mem (and its environ, fds,
+    ptrace), by clearing the dumpable flag (the kernel then makes /proc/<pid> root's). They can still kill it:
+    the host then gets refused connections, never an answer. ctypes costs a few ms, in this mode only."""
+    try:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, 0
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
+    except (ImportError, OSError) as exc:
+        _die(f"cannot protect the agent from commands of its own uid: {exc}")
 
 
 def _detach_stdin() -> None:

@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
@@ -185,3 +186,26 @@ def test_output_capture_keeps_the_head_and_counts_the_rest():
         capture.add(chunk)
 
     assert (bytes(capture.data), capture.dropped) == (b"abcde", 5)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start the agent as another uid")
+def test_an_agent_without_a_user_of_its_own_is_undumpable_so_commands_of_its_uid_cannot_read_it():
+    """The kernel gives /proc/<pid> of an undumpable process to root: a command of the agent's uid cannot
+    open its mem, environ or fds."""
+    workspace = tempfile.mkdtemp(prefix="trove-agent-", dir="/tmp")  # reachable by uid 65000
+    os.chmod(workspace, 0o755)
+    process = subprocess.Popen(
+        ["/usr/bin/setpriv", "--reuid=65000", "--regid=65000", "--clear-groups", "--", "/usr/bin/python3", "-I",
+         "-S", str(AGENT), "--listen", "tcp:127.0.0.1:0", "--workspace", workspace],
+        stdout=subprocess.PIPE, env={"PATH": os.environ["PATH"], "TROVE_AGENT_SECRET": SECRET}, text=True)
+    try:
+        client = AgentClient(process.stdout.readline().split()[-1], SECRET)
+
+        peek = client.exec("id -u; cat /proc/$PPID/environ >/dev/null && echo read-it")
+
+        assert peek.stdout == "65000\n" and "Permission denied" in peek.stderr
+        assert os.stat(f"/proc/{process.pid}/mem").st_uid == 0
+    finally:
+        process.kill()
+        process.wait()
+        os.rmdir(workspace)
