@@ -29,11 +29,12 @@ cgroups and the directory, and verifies that none of it is left. bwrap's mounts 
 mount namespace and vanish with its last process; the host mount table never sees them.
 
 Privileges: when Trove runs as root, commands run as the unprivileged host uid `host_uid`, mapped to uid 1000
-inside, and the agent as another one, `agent_uid` (mapped to 0 inside, holding only CAP_SETUID/CAP_SETGID to
-start commands as 1000): bubblewrap runs as `agent_uid` (via setpriv) and the creator writes the two-user map
-(see bwrap.py), so no command can signal, trace or read the agent. Without that, uid 1000 inside would map to host root, and root owns most host
-files: a sandbox escape, or a writable bind, would act as root's file owner. When Trove runs as an ordinary
-user, bubblewrap runs as the current user (unprivileged user namespaces). bwrap opens
+inside, and the agent as another one, `agent_uid` (mapped to 0 inside, holding only CAP_SETUID, CAP_SETGID and
+CAP_KILL, to start commands as 1000 and kill them at a timeout): bubblewrap runs as `agent_uid` (via setpriv)
+and the creator writes the two-user map (see bwrap.py), so no command can signal, trace or read the agent.
+Neither is host root: uid 1000 mapped to host root would make a sandbox escape, or a writable bind, act as
+root's file owner. When Trove runs as an ordinary user, bubblewrap runs as the current user (unprivileged
+user namespaces), agent and commands share uid 1000, and the agent makes itself undumpable (agent.py). bwrap opens
 bind sources as the uid it runs as, so `root` must be reachable by it: a root with a parent directory that
 uid cannot pass (pytest's 0700 basetemp, a checkout under /root) is refused with an error that names the
 directory and the fix. The backend never falls back to running bubblewrap as root.
@@ -42,7 +43,7 @@ Network: "none" (and "proxy-only" without a proxy socket) keeps an empty network
 "proxy-only" with `spec.proxy_socket` binds that Unix socket's directory in (read-only; it must hold nothing
 but sockets, so nothing else is exposed; a directory rather than the file so that a restarted proxy's new
 socket is seen by running sandboxes) and the agent forwards 127.0.0.1:18080 inside to it (TROVE_PROXY_URL in
-the sandbox's environment). The socket must be connectable by the sandbox uid (mode 0666). "allow-list" cannot be
+the sandbox's environment). The socket must be connectable by the agent's uid (mode 0666). "allow-list" cannot be
 enforced locally: it is refused unless the backend was built with `allow_host_network=True`, in which case
 the sandbox shares the host network without filtering.
 
