@@ -440,3 +440,48 @@ def test_a_policy_that_attempts_the_takeover_on_a_failing_task_gets_reward_0(
     harness = trajectory.steps.get(kind="command", payload__harness="external")
     assert harness.exit_code == 0  # the takeover ran (and found no agent socket to take)
     assert trajectory.steps.get(kind="eval").exit_code == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rollout_whose_agent_dies_ends_as_an_infrastructure_error_without_a_reward(
+    local_backend, unix_proxy, model_upstream, proxy_only_fleet
+):
+    """The agent killed while the policy runs (from outside: commands cannot): the runner hears a refused or
+    dropped connection, never an answer, and the attempt is retried or ends infra_error, with no reward."""
+    from experience.models import Trajectory
+    from tests.webapp.rollouts.jobs_factories import make_endpoint
+    from webapp.rollouts.models import Rollout
+    from webapp.rollouts.services import job_create, taskset_upsert
+    from workers.rollout_runner import rollout_run
+
+    task_set = taskset_upsert(name=f"dies-{uuid.uuid4().hex[:6]}", description="", source="api", tasks=[{
+        "key": "passes", "instruction": "Nothing to do.", "eval_command": "true", "files": {"README.md": "x\n"},
+    }])
+    job = job_create(task_set=task_set, fleet=proxy_only_fleet, endpoint=make_endpoint(model_upstream.url),
+                     model_name="stand-in", enqueue=lambda rollout_id: None, harness="external",
+                     harness_command="touch started.flag; sleep 120")
+    rollout = job.rollouts.get()
+    killer = threading.Thread(target=kill_the_agent_once_started, args=(local_backend,), daemon=True)
+    killer.start()
+
+    status = rollout_run(rollout_id=rollout.pk, worker="test-worker")
+
+    killer.join(30)
+    rollout.refresh_from_db()
+    assert status == rollout.status and status in (Rollout.Status.QUEUED, Rollout.Status.INFRA_ERROR)
+    assert rollout.reward is None
+    (attempt,) = Trajectory.objects.filter(metadata__rollout_id=rollout.pk)
+    assert attempt.status == "infra_error" and attempt.reward is None
+
+
+def kill_the_agent_once_started(backend: LocalBackend) -> None:
+    """SIGKILL the agent of the sandbox whose workspace holds started.flag, once one does."""
+    for _ in range(1200):
+        for name in os.listdir(backend.root):
+            if os.path.exists(os.path.join(backend.root, name, "workspace", "started.flag")):
+                with open(os.path.join(backend.root, name, "status.json")) as f:
+                    init_pid = json.loads(f.readline())["child-pid"]
+                for pid in procs.children(init_pid):
+                    os.kill(pid, 9)
+                return
+        threading.Event().wait(0.05)
