@@ -17,9 +17,10 @@ the sandbox was built from. Before the task's `eval_command` runs:
    source says); test-runner configuration at the workspace root (`pytest.ini`, `tox.ini`, `setup.cfg`,
    `pyproject.toml`); and modules at the workspace root that shadow the standard library or the test runner
    (`unittest/`, `argparse.py`, `pytest.py`, ...: `python -m` puts the working directory first on sys.path).
-4. The command runs with a fresh empty HOME, no user site-packages (`PYTHONNOUSERSITE`), no bytecode writes,
-   and a PATH without any entry that is relative, writable by or owned by the sandbox user, or under the
-   workspace, /tmp or /dev/shm: a planted `python3` cannot come first.
+4. The command runs with no bytecode writes and a PATH without any entry that is relative, writable by or
+   owned by the sandbox user, or under the workspace, /tmp or /dev/shm: a planted `python3` cannot come
+   first. In place it also gets a fresh empty HOME and no user site-packages (`PYTHONNOUSERSITE`): the
+   policy's HOME is /tmp, where a `.pth` file would run at every interpreter start.
 
 Not covered (documented in the threat model): the code under test itself subverting the test run from
 inside the evaluation's process (calling `os._exit(0)` at import, patching unittest, reading the hidden
@@ -87,7 +88,8 @@ HIJACK_PATTERNS = ("*.pyc",)
 RUNNER_CONFIG = ("pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
 RUNNER_MODULES = ("pytest", "_pytest", "pluggy", "py", "iniconfig")
 
-# The evaluation's environment, set in the same shell just before the task's command.
+# The evaluation's environment, set in the same shell just before the task's command: a PATH of directories
+# the sandbox user can neither write nor owns, outside the workspace and the temporary directories.
 EVAL_PRELUDE = r"""
 clean_path=""
 IFS=:
@@ -100,8 +102,13 @@ done
 unset IFS
 export PATH="$clean_path"
 hash -r
-export HOME="$(mktemp -d)" PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1
+export PYTHONDONTWRITEBYTECODE=1
 unset PYTHONSTARTUP PYTHONINSPECT BASH_ENV ENV CDPATH
+"""
+# In place, HOME (under /tmp) was the policy's: a fresh empty one, and no user site-packages. A fresh sandbox's
+# HOME holds only what the template's setup put there (a `pip install --user`, say), so it is kept.
+IN_PLACE_PRELUDE = r"""
+export HOME="$(mktemp -d)" PYTHONNOUSERSITE=1
 """
 
 
@@ -147,8 +154,8 @@ def prepare_command(task, *, kill: bool) -> str:
     return f"{KILL_LEFTOVERS}\n{script}" if kill else script
 
 
-def eval_command(task) -> str:
-    return f"{EVAL_PRELUDE}\n{task.eval_command}"
+def eval_command(task, *, fresh: bool) -> str:
+    return f"{EVAL_PRELUDE}{'' if fresh else IN_PLACE_PRELUDE}\n{task.eval_command}"
 
 
 def transport_diff_command(task) -> str:

@@ -424,8 +424,8 @@ class Attempt:
         started_at, started = now(), time.perf_counter()
         if refusal is not None:
             return diff, refusal, started_at
-        result = fleet_ops.sandbox_exec(self.held(), eval_integrity.eval_command(task), timeout=task.eval_timeout_s,
-                                        reason="eval")
+        result = fleet_ops.sandbox_exec(self.held(), eval_integrity.eval_command(task, fresh=fresh),
+                                        timeout=task.eval_timeout_s, reason="eval")
         self.clock.eval_ms += (time.perf_counter() - started) * 1000
         return diff, result, started_at
 

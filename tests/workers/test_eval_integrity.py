@@ -117,20 +117,20 @@ def writable_path_backend(sandbox_root, settings):
     registry._backends.pop("local", None)
 
 
-def _fleet(mode: str):
+def _fleet(mode: str, setup_commands: tuple[str, ...] = ()):
     template = fleet_services.template_create(name=f"eval-{mode}-{uuid.uuid4().hex[:6]}", network="none",
-                                              eval_mode=mode)
+                                              eval_mode=mode, setup_commands=list(setup_commands))
     return fleet_services.fleet_create(name=f"eval-{uuid.uuid4().hex[:8]}", template=template, backend="local",
                                        min_warm=0, max_warm=2, max_total=4)
 
 
-def _run(mode: str, commands: list[str]) -> tuple[Rollout, Step]:
-    """One rollout of TASK by a policy sending `commands`; returns the finished rollout and its eval step."""
-    task_set = taskset_upsert(name=f"integrity-{uuid.uuid4().hex[:6]}", description="", source="api", tasks=[TASK])
+def _run(mode: str, commands: list[str], *, task: dict = TASK, setup: tuple[str, ...] = ()) -> tuple[Rollout, Step]:
+    """One rollout of `task` by a policy sending `commands`; returns the finished rollout and its eval step."""
+    task_set = taskset_upsert(name=f"integrity-{uuid.uuid4().hex[:6]}", description="", source="api", tasks=[task])
     model = ScriptedModel(commands)
     try:
-        job = job_create(task_set=task_set, fleet=_fleet(mode), endpoint=make_endpoint(model.url, model_names=["scripted"]),
-                         model_name="scripted",
+        job = job_create(task_set=task_set, fleet=_fleet(mode, setup),
+                         endpoint=make_endpoint(model.url, model_names=["scripted"]), model_name="scripted",
                          enqueue=lambda rollout_id: None, max_steps=len(commands) + 2)
         rollout = job.rollouts.get()
         rollout_run(rollout_id=rollout.pk, worker="integrity-test")
@@ -176,6 +176,17 @@ def test_a_correct_fix_gets_reward_one(local_backend, proxy, mode):
     if mode == "fresh-sandbox":
         assert eval_step.payload["eval_sandbox"] != rollout.sandbox.name
         assert eval_step.payload["patch_bytes"] > 0
+
+
+def test_a_fresh_evaluation_keeps_what_the_template_setup_installed_in_the_user_site(local_backend, proxy):
+    # The template's setup (trusted) installs a helper in the user site; the fresh sandbox's HOME is the
+    # setup's, not the policy's, so the evaluation sees it.
+    install = ('site=$(python3 -c "import site; print(site.getusersitepackages())") && mkdir -p "$site" && '
+               'echo "READY = True" > "$site/trove_setup_helper.py"')
+    task = {**TASK, "eval_command": f"python3 -c 'import trove_setup_helper' && {EVAL}"}
+    rollout, eval_step = _run("fresh-sandbox", ["sed -i 's/a - b/a + b/' calc.py"], task=task, setup=(install,))
+
+    assert rollout.reward == 1.0, rollout.eval_output
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -331,8 +342,10 @@ def test_the_eval_prelude_drops_writable_path_entries_in_a_real_sandbox(writable
     handle = writable_path_backend.create(SandboxSpec(name=f"path-{uuid.uuid4().hex[:8]}"))
     planted = writable_path_backend.exec(handle, "mkdir -p /tmp/.local/bin && cp /bin/true /tmp/.local/bin/python3 "
                                                  "&& command -v python3")
-    checked = writable_path_backend.exec(handle, eval_integrity.EVAL_PRELUDE + "\ncommand -v python3; echo $HOME; "
-                                                 "python3 -c 'import site, sys; print(site.ENABLE_USER_SITE)'")
+    checked = writable_path_backend.exec(handle, eval_integrity.eval_command(_TaskRow(
+        files={}, protected_paths=[], eval_files={},
+        eval_command="command -v python3; echo $HOME; python3 -c 'import site; print(site.ENABLE_USER_SITE)'"),
+        fresh=False))
 
     assert planted.stdout.strip() == "/tmp/.local/bin/python3"
     path, home, user_site = checked.stdout.split()
