@@ -41,7 +41,7 @@ $(DEMO_STAMP): pyproject.toml
 system-deps:
 	@command -v bwrap >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap git >/dev/null; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap libseccomp2 git >/dev/null; \
 	  else echo "Trove needs bubblewrap: sudo apt-get install bubblewrap" >&2; exit 1; fi; }
 
 demo: $(DEMO_STAMP) system-deps
