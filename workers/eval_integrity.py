@@ -158,13 +158,14 @@ def eval_command(task, *, fresh: bool) -> str:
     return f"{EVAL_PRELUDE}{'' if fresh else IN_PLACE_PRELUDE}\n{task.eval_command}"
 
 
-def transport_diff_command(task) -> str:
-    """The final workspace diff without the protected paths, as a binary patch for `git apply`. Run with
-    the policy's own .git: whatever it made git say is only a patch, applied to the task's files."""
+def transport_diff_command(task, baseline: str) -> str:
+    """The final workspace diff from the `baseline` commit, without the protected paths, as a binary patch
+    for `git apply`. Run with the policy's own .git: whatever it made git say is only a patch, applied to
+    the task's files (a baseline object it removed fails the diff, and so the run)."""
     excludes = " ".join(shlex.quote(f":(exclude,top){root}") for root in protected_roots(task))
     return ("export GIT_CONFIG_NOSYSTEM=1; git add -A >/dev/null 2>&1; "
             f"git -c core.fsmonitor= -c diff.external= --no-pager diff --cached --binary --no-ext-diff "
-            f"--no-textconv --no-color -- . {excludes}")
+            f"--no-textconv --no-color {shlex.quote(baseline)} -- . {excludes}")
 
 
 PATCH_PATH = ".git/trove-final.patch"

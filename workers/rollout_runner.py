@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import threading
 import time
 from concurrent import futures
@@ -61,7 +62,7 @@ R = Rollout.Status
 # Trove's own git bookkeeping reads no system-wide git configuration (an image's /etc/gitconfig is not the task's).
 WORKSPACE_BASELINE = (
     "export GIT_CONFIG_NOSYSTEM=1; git init -q . && git add -A && "
-    "git -c user.email=trove@localhost -c user.name=trove commit -q -m baseline"
+    "git -c user.email=trove@localhost -c user.name=trove commit -q -m baseline && git rev-parse HEAD"
 )
 PROXY_RECORD_WAIT_S = 15.0
 # Full stack: how long one wait for the proxy's records may block on its stream. Short: a read that finds
@@ -247,6 +248,7 @@ class Attempt:
         self.pending: list[StepRecord] = []
         self.pending_since = 0.0
         self.eval_facts: dict = {}  # how the evaluation was made trustworthy, kept in its step
+        self.baseline = "HEAD"  # the workspace's baseline commit (prepare_workspace)
 
     def run(self) -> str:
         try:
@@ -289,6 +291,8 @@ class Attempt:
             if result.exit_code != 0 and command != WORKSPACE_BASELINE:
                 raise SandboxError(f"setup command failed ({result.exit_code}): {command}: {result.stderr[-500:]}",
                                    reason="setup_failed", permanent=True)
+        # The diffs are taken against this commit, not HEAD: an agent may commit its work (or move HEAD).
+        self.baseline = result.stdout.strip() if result.exit_code == 0 else "HEAD"
         self.clock.sandbox_ms += (time.perf_counter() - started) * 1000
 
     def run_harness(self) -> int:
@@ -414,7 +418,7 @@ class Attempt:
         task = self.rollout.task
         started = time.perf_counter()
         diff = fleet_ops.sandbox_exec(self.held(), "export GIT_CONFIG_NOSYSTEM=1; git add -A >/dev/null 2>&1; "
-                                      "git diff --cached", timeout=30, reason="diff")
+                                      f"git diff --cached {shlex.quote(self.baseline)}", timeout=30, reason="diff")
         fresh = self.job.fleet.template.eval_mode == EnvironmentTemplate.EvalMode.FRESH_SANDBOX
         self.eval_facts = {"eval_mode": "fresh-sandbox" if fresh else "in-place"}
         refusal = self.move_to_fresh_sandbox(task) if fresh else None
@@ -433,7 +437,7 @@ class Attempt:
         """Take the final diff (protected paths left out), give the policy's sandbox back, claim a new one
         from the same fleet, set the task up in it and apply the diff. None when the diff applied, else the
         refused evaluation (a diff that does not apply fails the run)."""
-        patch = fleet_ops.sandbox_exec(self.held(), eval_integrity.transport_diff_command(task), timeout=60,
+        patch = fleet_ops.sandbox_exec(self.held(), eval_integrity.transport_diff_command(task, self.baseline), timeout=60,
                                        max_output=EVAL_PATCH_BYTES, reason="diff for the fresh evaluation")
         if patch.exit_code != 0 or patch.truncated_bytes:
             return eval_integrity.refused(

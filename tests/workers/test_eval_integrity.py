@@ -178,6 +178,15 @@ def test_a_correct_fix_gets_reward_one(local_backend, proxy, mode):
         assert eval_step.payload["patch_bytes"] > 0
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_an_agent_that_commits_its_fix_keeps_it(local_backend, proxy, mode):
+    commit = "git -c user.email=a@b -c user.name=agent commit -qam 'fix add'"
+    rollout, _ = _run(mode, [f"sed -i 's/a - b/a + b/' calc.py && {commit}"])
+
+    assert rollout.reward == 1.0, rollout.eval_output
+    assert "+    return a + b" in rollout.trajectory.final_diff
+
+
 def test_a_fresh_evaluation_keeps_what_the_template_setup_installed_in_the_user_site(local_backend, proxy):
     # The template's setup (trusted) installs a helper in the user site; the fresh sandbox's HOME is the
     # setup's, not the policy's, so the evaluation sees it.
