@@ -464,7 +464,8 @@ class Attempt:
         lease = self.held()
         prepared = fleet_ops.sandbox_exec(lease, eval_integrity.prepare_command(task, kill=kill), timeout=60,
                                           reason="prepare evaluation")
-        self.eval_facts["prepare"] = (prepared.stdout + prepared.stderr)[-500:]
+        self.eval_facts.update(prepare=(prepared.stdout + prepared.stderr)[-500:],
+                               prepare_ms=round(prepared.duration_ms, 1))
         if prepared.exit_code != 0:
             return eval_integrity.refused(f"the sandbox could not be made safe to evaluate in "
                                           f"(exit {prepared.exit_code}): {prepared.stderr[-500:]}")
