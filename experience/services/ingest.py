@@ -22,7 +22,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, OperationalError, connection, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from experience.dedup.signature import ACTION_KINDS, exact_hash
@@ -345,8 +345,10 @@ def steps_append(*, trajectory_id: int, steps: Sequence[StepRecord], first_seq: 
 
 def _append(trajectory_id: int, prepared: list[PreparedStep], first_seq: int | None) -> list[Step]:
     # Three statements when the steps come in time order (the usual case): reserve their numbers under the
-    # row lock, look for call ids already stored and anything stored later than them, insert.
-    start = _locked(trajectory_id, reserve=len(prepared))
+    # row lock (counting them into the run's totals), look for call ids already stored and anything stored
+    # later than them, insert.
+    given = prepared
+    start = _locked(trajectory_id, reserve=len(given), counts=_live_counts(given))
     if first_seq is not None:
         if first_seq > start:
             raise ValidationError(
@@ -362,8 +364,10 @@ def _append(trajectory_id: int, prepared: list[PreparedStep], first_seq: int | N
         raise LimitExceeded(
             f"trajectory {trajectory_id} would exceed {settings.TROVE_MAX_STEPS_PER_TRAJECTORY} steps", field="steps"
         )
-    if len(fresh) != len(prepared):  # some were stored already: give back the numbers they had reserved
-        Trajectory.objects.filter(pk=trajectory_id).update(next_seq=start + len(fresh))
+    if len(fresh) != len(given):  # some were stored already: give back the numbers and counts they reserved
+        reserved, kept = _live_counts(given), _live_counts(fresh)
+        Trajectory.objects.filter(pk=trajectory_id).update(
+            next_seq=start + len(fresh), **{name: F(name) - (n - kept[name]) for name, n in reserved.items()})
     rows = [_step_row(trajectory_id, start + i, item, derive_duration=True) for i, item in enumerate(fresh)]
     created = Step.objects.bulk_create(rows)
     if out_of_order:
@@ -398,15 +402,29 @@ def _not_yet_stored(
     return fresh, out_of_order
 
 
-def _locked(trajectory_id: int, *, reserve: int) -> int:
-    """Lock the trajectory's row and reserve `reserve` step numbers; returns the first. One statement (an
-    UPDATE takes the row lock itself); it also puts the run back into the search indexer's queue, as the
-    new steps have no search document yet. The caller's transaction undoes both if it adds nothing."""
+def _live_counts(items: Sequence[PreparedStep]) -> dict[str, int]:
+    """What `items` add to a run's counts, so a running run's totals follow its steps (trajectory_finish
+    recounts them from the stored steps at the end)."""
+    records = [item.record for item in items]
+    return {
+        "n_steps": len(records),
+        "n_model_calls": sum(1 for r in records if r.kind == "model_call"),
+        "tokens_in": sum(r.tokens_in or 0 for r in records),
+        "tokens_out": sum(r.tokens_out or 0 for r in records),
+    }
+
+
+def _locked(trajectory_id: int, *, reserve: int, counts: dict[str, int]) -> int:
+    """Lock the trajectory's row, reserve `reserve` step numbers and add `counts` to its totals; returns the
+    first number. One statement (an UPDATE takes the row lock itself); it also puts the run back into the
+    search indexer's queue, as the new steps have no search document yet. The caller's transaction undoes
+    it all if it adds nothing."""
+    totals = ", ".join(f"{name} = {name} + %s" for name in counts)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {Trajectory._meta.db_table} SET next_seq = next_seq + %s, search_indexed = %s "
+            f"UPDATE {Trajectory._meta.db_table} SET next_seq = next_seq + %s, {totals}, search_indexed = %s "
             "WHERE id = %s RETURNING next_seq",
-            [reserve, False, trajectory_id],
+            [reserve, *counts.values(), False, trajectory_id],
         )
         row = cursor.fetchone()
     if row is None:

@@ -95,14 +95,18 @@ class JobListItemSerializer(JobSerializer):
     n_rollouts = serializers.IntegerField(read_only=True)
     n_finished = serializers.IntegerField(read_only=True)
     n_succeeded = serializers.IntegerField(read_only=True)
+    n_running = serializers.IntegerField(read_only=True, help_text="never more than concurrency")
 
     class Meta(JobSerializer.Meta):
-        fields = (*JobSerializer.Meta.fields, "n_rollouts", "n_finished", "n_succeeded")
+        fields = (*JobSerializer.Meta.fields, "n_rollouts", "n_finished", "n_succeeded", "n_running")
 
 
 class TaskBudgetSerializer(serializers.Serializer):
     task = serializers.CharField()
-    spent = serializers.IntegerField()
+    spent = serializers.IntegerField(help_text="samples issued to a worker (running, or finished after running)")
+    issued = serializers.IntegerField(help_text="rollouts created, queued ones included")
+    queued = serializers.IntegerField(help_text="waiting for a slot of the job's concurrency")
+    running = serializers.IntegerField()
     open = serializers.IntegerField()
     succeeded = serializers.IntegerField()
     failed = serializers.IntegerField()
@@ -117,8 +121,11 @@ class BudgetSerializer(serializers.Serializer):
     policy = serializers.CharField()
     first_round = serializers.IntegerField()
     total = serializers.IntegerField(help_text="samples_per_task x number of tasks")
-    spent = serializers.IntegerField(help_text="rollouts created, re-runs included")
-    unspent = serializers.IntegerField()
+    spent = serializers.IntegerField(help_text="samples issued to a worker (running, or finished after running), "
+                                               "re-runs included")
+    created = serializers.IntegerField(help_text="rollouts created, queued ones and re-runs included")
+    queued = serializers.IntegerField(help_text="created, waiting for a slot of the job's concurrency")
+    unspent = serializers.IntegerField(help_text="total - spent")
     may_still_spend = serializers.IntegerField(help_text="0 once every task has stopped or the job has ended")
     per_task = TaskBudgetSerializer(many=True)
 
@@ -127,6 +134,9 @@ class ProgressSerializer(serializers.Serializer):
     total = serializers.IntegerField(help_text="rollouts created plus those an adaptive job may still create")
     issued = serializers.IntegerField()
     finished = serializers.IntegerField()
+    running = serializers.IntegerField(help_text="never more than concurrency")
+    queued = serializers.IntegerField()
+    concurrency = serializers.IntegerField(help_text="the job's limit on rollouts running at once")
     percent = serializers.IntegerField()
     success_rate = serializers.FloatField(allow_null=True, help_text="succeeded / (succeeded + failed)")
     by_status = serializers.DictField(child=serializers.IntegerField())

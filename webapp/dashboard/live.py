@@ -27,7 +27,7 @@ def job_live(*, job_id: int, now: datetime | None = None) -> dict:
     now = now or timezone.now()
     job = selectors.job_get(job_id=job_id)
     rows = list(Rollout.objects.filter(job_id=job.pk).order_by("task_id", "sample_index")
-                .values_list("task_id", "sample_index", "status", "trajectory_id", "finished_at"))
+                .values_list("task_id", "sample_index", "status", "trajectory_id", "finished_at", "started_at"))
     tasks = {pk: (key, difficulty) for pk, key, difficulty in
              Task.objects.filter(pk__in={row[0] for row in rows}).values_list("pk", "key", "difficulty")}
     tallies = _tallies(rows)
@@ -36,7 +36,7 @@ def job_live(*, job_id: int, now: datetime | None = None) -> dict:
     rate = _throughput_per_min(job, [row[4] for row in rows if row[4]], now)
     remaining = progress["total"] - progress["finished"]
     return {
-        "job": {"id": job.pk, "status": job.status, "sampling": job.sampling,
+        "job": {"id": job.pk, "status": job.status, "sampling": job.sampling, "concurrency": job.concurrency,
                 "open": job.status in selectors.JOB_OPEN},
         "progress": progress,
         "throughput_per_min": None if rate is None else round(rate, 2),
@@ -48,10 +48,14 @@ def job_live(*, job_id: int, now: datetime | None = None) -> dict:
 
 
 def _tallies(rows: list[tuple]) -> list:
+    """The job's tallies from its rows, counted as selectors.job_tallies counts them (the API's figures)."""
     counts: dict[int, Counter] = defaultdict(Counter)
-    for task_id, _, status, _, _ in rows:
+    started: Counter = Counter()
+    for task_id, _, status, _, _, started_at in rows:
         counts[task_id][status] += 1
-    return [selectors.tally_from_counts(task_id, dict(by_status)) for task_id, by_status in sorted(counts.items())]
+        started[task_id] += selectors.count_started(status, int(started_at is not None))
+    return [selectors.tally_from_counts(task_id, dict(by_status), started=started[task_id])
+            for task_id, by_status in sorted(counts.items())]
 
 
 def _throughput_per_min(job: RolloutJob, finished_at: list[datetime], now: datetime) -> float | None:
@@ -68,7 +72,7 @@ def _throughput_per_min(job: RolloutJob, finished_at: list[datetime], now: datet
 
 def _grid(rows: list[tuple], tasks: dict[int, tuple[str, str]]) -> list[dict]:
     grid: dict[int, dict] = {}
-    for task_id, sample_index, status, trajectory_id, _ in rows:
+    for task_id, sample_index, status, trajectory_id, *_ in rows:
         key, difficulty = tasks.get(task_id, (str(task_id), ""))
         row = grid.setdefault(task_id, {"task": key, "difficulty": difficulty, "cells": []})
         row["cells"].append([sample_index, status, trajectory_id])

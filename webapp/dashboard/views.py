@@ -9,8 +9,8 @@ from experience.errors import NotFound
 from experience.selectors import trajectory_get, trajectory_list, trajectory_timeline
 from webapp.access.permissions import scope_required
 from webapp.dashboard import selectors
+from webapp.rollouts import selectors as rollout_selectors
 from webapp.rollouts.models import Rollout
-from webapp.rollouts.services import job_get, job_progress
 
 
 @scope_required("jobs")
@@ -25,11 +25,11 @@ def overview(request):
 @scope_required("jobs")
 def job_detail(request, job_id: int):
     try:
-        job = job_get(job_id=job_id)
+        job = rollout_selectors.job_detail(job_id=job_id)  # progress and budget counted as the API counts them
     except NotFound as error:
         raise Http404(str(error)) from None
     return render(request, "dashboard/job.html", {
-        "job": job, "progress": job_progress(job=job), "grid": selectors.job_grid(job=job),
+        "job": job, "progress": job.progress, "budget": job.budget, "grid": selectors.job_grid(job=job),
     })
 
 

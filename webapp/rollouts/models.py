@@ -160,8 +160,9 @@ class Rollout(models.Model):
     attempt = models.PositiveIntegerField(default=0)
     worker = models.CharField(max_length=200, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
-    # When its Celery message was last sent, if not at creation (created_at): a requeue or a re-send of a
-    # message the broker lost (rollouts_resend_lost), so a rollout is re-sent at most once per interval.
+    # When its Celery message was last sent (a first send, a requeue, or a re-send of a message the broker
+    # lost: rollouts_resend_due, at most once per interval). NULL while it waits for a slot of its job's
+    # concurrency, with no message out: the finish that frees a slot sends it (services._dispatch_locked).
     sent_at = models.DateTimeField(null=True, blank=True)
     sandbox = models.ForeignKey("fleets.Sandbox", null=True, blank=True, on_delete=models.SET_NULL)
     trajectory = models.OneToOneField(

@@ -1,7 +1,9 @@
 """Sampling policies: how a job spends its budget of samples over its tasks. No database in here.
 
-Budget: `samples_per_task × number of tasks` rollouts. Every rollout created counts as spent, whatever its
-outcome (an infra error costs a sandbox and a model's time too; refunding it would let a broken fleet loop).
+Budget: `samples_per_task × number of tasks` rollouts. Planning counts every rollout created against it,
+whatever its outcome (an infra error costs a sandbox and a model's time too; refunding it would let a broken
+fleet loop). What the pages and the API call *spent* is what was issued to a worker: a sample that started
+(running or finished since); one still queued (waiting for a slot of the job's concurrency) is not spent yet.
 
 - `uniform`: every task gets `samples_per_task` samples, all issued at once.
 - `adaptive` (balanced adaptive rollout): a first round of `k` samples per task; after that each sample goes
@@ -35,6 +37,7 @@ class TaskTally:
 
     task_id: int
     issued: int = 0  # rollouts created, whatever their state
+    started: int = 0  # of those, issued to a worker: running, or finished after running (its budget spent)
     queued: int = 0
     running: int = 0
     succeeded: int = 0
@@ -88,10 +91,13 @@ def score(tally: TaskTally) -> float:
 
 
 def stop_reason(tally: TaskTally, policy: Policy) -> str | None:
-    """Why the task gets no more samples from the policy, or None while it may still get some."""
-    if tally.issued >= policy.samples_per_task and policy.name == UNIFORM:
-        return QUOTA_REACHED
-    if policy.name == UNIFORM or tally.open or tally.issued < policy.first_round_size:
+    """Why the task gets no more samples from the policy, or None while it may still get some (or still has
+    samples queued or running: a task is stopped once nothing of it is left to run)."""
+    if tally.open:
+        return None
+    if policy.name == UNIFORM:
+        return QUOTA_REACHED if tally.issued >= policy.samples_per_task else None
+    if tally.issued < policy.first_round_size:
         return None  # its first round is still out: nothing is known yet
     if tally.mixed:
         return None
@@ -133,13 +139,17 @@ def may_still_spend(tallies: Iterable[TaskTally], policy: Policy) -> int:
 
 
 def task_summary(tally: TaskTally, policy: Policy, *, budget_left: int, job_open: bool) -> dict:
-    """One row of the per-task budget table: samples spent, outcomes, pass rate and why it stopped."""
+    """One row of the per-task budget table: samples spent (issued to a worker), created, queued, running,
+    outcomes, pass rate and why it stopped. `budget_left`: the job's budget not yet planned."""
     reason = stop_reason(tally, policy)
     if reason is None and not tally.open:
         reason = BUDGET_SPENT if budget_left == 0 else (None if job_open else JOB_ENDED)
     return {
         "task_id": tally.task_id,
-        "spent": tally.issued,
+        "spent": tally.started,
+        "issued": tally.issued,
+        "queued": tally.queued,
+        "running": tally.running,
         "open": tally.open,
         "succeeded": tally.succeeded,
         "failed": tally.failed,

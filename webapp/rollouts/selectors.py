@@ -23,32 +23,59 @@ def job_policy(job: RolloutJob) -> sampling.Policy:
 def job_tallies(*, job_id: int) -> tuple[list[sampling.TaskTally], dict[int, int]]:
     """Per-task tallies of a job (one query), and each task's highest sample index so far."""
     rows = (Rollout.objects.filter(job_id=job_id).values_list("task_id", "status")
-            .annotate(n=Count("id"), top=Max("sample_index")).order_by())
+            .annotate(n=Count("id"), top=Max("sample_index"), started=Count("started_at")).order_by())
     counts: dict[int, dict[str, int]] = defaultdict(dict)
+    started: dict[int, int] = defaultdict(int)
     top_index: dict[int, int] = {}
-    for task_id, status, n, top in rows:
+    for task_id, status, n, top, n_started in rows:
         counts[task_id][status] = n
+        started[task_id] += count_started(status, n_started)
         top_index[task_id] = max(top, top_index.get(task_id, -1))
-    return [tally_from_counts(task_id, by_status) for task_id, by_status in sorted(counts.items())], top_index
+    return [tally_from_counts(task_id, by_status, started=started[task_id])
+            for task_id, by_status in sorted(counts.items())], top_index
 
 
-def tally_from_counts(task_id: int, by_status: dict[str, int]) -> sampling.TaskTally:
-    return sampling.TaskTally(task_id=task_id, issued=sum(by_status.values()),
+def count_started(status: str, n_started: int) -> int:
+    """How many of `n_started` rollouts with a start time in `status` count as issued to a worker: none
+    while queued (a requeued one waits to run again, its earlier start is no longer its own)."""
+    return 0 if status == R.QUEUED else n_started
+
+
+def tally_from_counts(task_id: int, by_status: dict[str, int], *, started: int = 0) -> sampling.TaskTally:
+    return sampling.TaskTally(task_id=task_id, issued=sum(by_status.values()), started=started,
                               **{status: by_status.get(status, 0) for status in R.values})
+
+
+def jobs_progress(jobs: list[RolloutJob]) -> dict[int, dict]:
+    """The progress (as progress_from_tallies) of each of `jobs`, in one query: for lists of jobs, so they
+    show the same counts as each job's page."""
+    rows = (Rollout.objects.filter(job_id__in=[job.pk for job in jobs]).values_list("job_id", "task_id", "status")
+            .annotate(n=Count("id"), started=Count("started_at")).order_by())
+    counts: dict[int, dict[int, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))
+    started: dict[tuple[int, int], int] = defaultdict(int)
+    for job_id, task_id, status, n, n_started in rows:
+        counts[job_id][task_id][status] = n
+        started[job_id, task_id] += count_started(status, n_started)
+    return {job.pk: progress_from_tallies(job, [
+        tally_from_counts(task_id, by_status, started=started[job.pk, task_id])
+        for task_id, by_status in sorted(counts[job.pk].items())]) for job in jobs}
 
 
 def budget_from_tallies(job: RolloutJob, tallies: list[sampling.TaskTally], task_keys: dict[int, str]) -> dict:
     """How the job's budget was spent: totals and one row per task. No queries."""
     policy = job_policy(job)
-    total, spent = policy.budget(len(tallies)), sum(t.issued for t in tallies)
-    left = max(0, total - spent)
+    total, created = policy.budget(len(tallies)), sum(t.issued for t in tallies)
+    spent = sum(t.started for t in tallies)
     job_open = job.status in JOB_OPEN
+    unplanned = max(0, total - created)
     rows = [{"task": task_keys.get(t.task_id, str(t.task_id)),
-             **sampling.task_summary(t, policy, budget_left=left, job_open=job_open)} for t in tallies]
+             **sampling.task_summary(t, policy, budget_left=unplanned, job_open=job_open)} for t in tallies]
     rows.sort(key=lambda row: row["task"])
     return {
-        "policy": policy.name, "first_round": policy.first_round_size, "total": total, "spent": spent,
-        "unspent": left, "may_still_spend": sampling.may_still_spend(tallies, policy) if job_open else 0,
+        "policy": policy.name, "first_round": policy.first_round_size, "total": total,
+        "spent": spent, "created": created, "queued": sum(t.queued for t in tallies),
+        "unspent": max(0, total - spent),
+        "may_still_spend": sampling.may_still_spend(tallies, policy) if job_open else 0,
         "per_task": rows,
     }
 
@@ -69,6 +96,7 @@ def progress_from_tallies(job: RolloutJob, tallies: list[sampling.TaskTally]) ->
     outcomes = by_status[R.SUCCEEDED] + by_status[R.FAILED]
     return {
         "total": total, "issued": issued, "finished": finished,
+        "running": by_status[R.RUNNING], "queued": by_status[R.QUEUED], "concurrency": job.concurrency,
         "by_status": {status: n for status, n in by_status.items() if n},
         "percent": round(100 * finished / total) if total else 0,
         "success_rate": round(by_status[R.SUCCEEDED] / outcomes, 4) if outcomes else None,
@@ -108,6 +136,7 @@ def job_list() -> QuerySet[RolloutJob]:
             n_rollouts=Count("rollouts"),
             n_finished=Count("rollouts", filter=Q(rollouts__status__in=finished)),
             n_succeeded=Count("rollouts", filter=Q(rollouts__status=R.SUCCEEDED)),
+            n_running=Count("rollouts", filter=Q(rollouts__status=R.RUNNING)),
         )
         .order_by("-id")
     )

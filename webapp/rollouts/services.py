@@ -6,6 +6,19 @@ reaper and a worker can race without ever moving a rollout twice. A rollout reac
 takes its job's row lock (lock order: the job, then its rollouts): under it the rollout gets its place in the
 job's finish order (`finish_seq`, the trainer's cursor) and the job's next samples are planned, so the
 budget is counted by one transaction at a time. Tasks are enqueued after commit.
+
+Concurrency is a hard limit on a job's running rollouts, whatever the number of workers. Two parts:
+- The start (rollout_start) takes the job's row lock and claims the rollout only while fewer than
+  `concurrency` of the job's rollouts are running; the count is in the claim's own UPDATE too. Every move
+  to `running` goes through it and every move out of `running` only lowers the count, so the limit holds
+  on Postgres (the lock serialises the starts of a job) and on SQLite (one writer at a time). A start that
+  finds the job full is deferred: the rollout stays queued, its attempt is not counted, and its message is
+  dropped (`sent_at` cleared: it waits for a slot).
+- Messages (`_dispatch_locked`): a rollout is sent to the broker only when the job has a slot for it, so a
+  job's messages in flight plus its running rollouts never exceed its concurrency. A rollout without a
+  message (`sent_at` NULL) waits; whoever frees a slot under the job's lock (a finish, a cancel) sends the
+  next one, so none waits forever and none is lost. The reaper re-sends what the broker may have lost
+  (rollouts_resend_due) and sends what an admin's raised limit made room for (jobs_dispatch_waiting).
 """
 
 from __future__ import annotations
@@ -17,8 +30,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Max, QuerySet, Subquery
+from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
+from django.db.models.lookups import LessThan
 from django.utils import timezone
 
 from experience.errors import Conflict, NotFound, ValidationError
@@ -126,21 +140,66 @@ def job_submit(*, task_set_name: str, fleet_name: str, endpoint_name: str, creat
 
 
 def _create_rollouts(job: RolloutJob, rollouts: list[Rollout], enqueue: Enqueue | None) -> list[int]:
-    """Insert rollouts and enqueue them after commit. Caller is inside a transaction."""
+    """Insert rollouts, waiting for a slot (no message yet), and send those the job has slots for (after
+    commit). Caller is inside a transaction and holds the job's row lock (or created the job in it)."""
     if not rollouts:
         return []
     created = Rollout.objects.bulk_create(rollouts)
     ids = [r.pk for r in created]
     if None in ids:  # a backend without RETURNING
         ids = list(job.rollouts.order_by("-id").values_list("pk", flat=True)[: len(rollouts)])[::-1]
+    _dispatch_locked(job, enqueue)
+    return ids
+
+
+def _dispatch_locked(job: RolloutJob, enqueue: Enqueue | None) -> list[int]:
+    """Send (after commit) the job's waiting rollouts its free slots allow. Caller holds the job's row lock,
+    so two finishes never give the same slot away twice. Returns the ids sent."""
+    return _send_waiting(job, _slots(job), enqueue)
+
+
+def _slots(job: RolloutJob) -> dict[str, int]:
+    """The job's open rollouts in one query: `taken` (running, or queued with a message out) and `waiting`
+    (queued without a message)."""
+    return Rollout.objects.filter(job_id=job.pk, status__in=selectors.OPEN).aggregate(
+        taken=Count("id", filter=Q(status=R.RUNNING) | Q(sent_at__isnull=False)),
+        waiting=Count("id", filter=Q(sent_at__isnull=True) & ~Q(status=R.RUNNING)),
+    )
+
+
+def _send_waiting(job: RolloutJob, slots: dict[str, int], enqueue: Enqueue | None) -> list[int]:
+    """Send as many waiting rollouts as the job's concurrency leaves room for, first samples first (every
+    task gets going before any task repeats). Caller holds the job's row lock."""
+    free = min(slots["waiting"], job.concurrency - slots["taken"])
+    if free <= 0:
+        return []
+    waiting = Rollout.objects.filter(job_id=job.pk, status=R.QUEUED, sent_at__isnull=True)
+    ids = list(waiting.order_by("sample_index", "id").values_list("pk", flat=True)[:free])
+    Rollout.objects.filter(pk__in=ids, status=R.QUEUED).update(sent_at=timezone.now())
     send = enqueue or enqueue_by_name
     transaction.on_commit(lambda: [send(rollout_id) for rollout_id in ids])
     return ids
 
 
+def jobs_dispatch_waiting(*, enqueue: Enqueue | None = None) -> int:
+    """Send the waiting rollouts of open jobs that have free slots (after an admin raised a job's
+    concurrency, say: no finish frees a slot then). Each job under its row lock. Returns how many were sent."""
+    job_ids = (Rollout.objects.filter(status=R.QUEUED, sent_at__isnull=True, job__status__in=selectors.JOB_OPEN)
+               .order_by().values_list("job_id", flat=True).distinct())
+    sent = 0
+    for job_id in list(job_ids):
+        with transaction.atomic():
+            job = _lock_job(job_id)
+            if job.status in selectors.JOB_OPEN:
+                sent += len(_dispatch_locked(job, enqueue))
+    return sent
+
+
 def rollout_start(*, rollout_id: int, worker: str,
                   open_trajectory: Callable[[Rollout], Trajectory] | None = None) -> Rollout | None:
-    """queued -> running, claimed by `worker`. None if someone else has it or it is already finished.
+    """queued -> running, claimed by `worker`, if the job has a slot (module docstring). None if someone else
+    has it, it is already finished, or the job is at its concurrency (then the start is deferred: the
+    rollout waits for a slot, queued, its attempt not counted, and is sent again when one frees).
 
     With `open_trajectory`, the attempt's trajectory (made by it from the claimed rollout) and a new proxy
     token are set in the same transaction as the claim: one commit for the whole start. The claim is
@@ -148,20 +207,48 @@ def rollout_start(*, rollout_id: int, worker: str,
     redelivery) finds nothing to do, and its trajectory is rolled back with its failed claim; a trajectory
     of the same attempt opened first by another worker (IntegrityError) means the same.
     """
-    now = timezone.now()  # the start is when the worker took it up, before its first query
     rollout = (Rollout.objects.select_related("job", "job__task_set", "task", "job__fleet", "job__fleet__template",
                                               "job__endpoint")
                .filter(pk=rollout_id, status=R.QUEUED).first())
     if rollout is None:
         return None
     attempt = rollout.attempt
-    rollout.status, rollout.worker, rollout.heartbeat_at, rollout.started_at = R.RUNNING, worker, now, now
-    rollout.attempt = attempt + 1
     try:
         with transaction.atomic():
+            # Lock order: the job, then its rollouts (the trajectory opened below is a new row no one waits on).
+            running = _lock_job_for_start(rollout.job_id)
+            if running >= rollout.job.concurrency:
+                _defer(rollout, attempt, running)
+                return None
+            # Taken under the lock, so a rollout never starts before the finish that freed its slot.
+            now = timezone.now()
+            rollout.status, rollout.worker, rollout.heartbeat_at, rollout.started_at = R.RUNNING, worker, now, now
+            rollout.attempt = attempt + 1
             return rollout if _claim(rollout, attempt, open_trajectory) else None
     except IntegrityError:  # another worker opened this attempt first: the rollout is theirs
         return None
+
+
+def _running_count(job_id) -> Subquery:
+    """The job's running rollouts, as a subquery (`job_id` a value or an OuterRef)."""
+    rows = (Rollout.objects.filter(job_id=job_id, status=R.RUNNING).order_by().values("job_id")
+            .annotate(n=Count("id")).values("n"))
+    return Coalesce(Subquery(rows[:1]), 0)
+
+
+def _lock_job_for_start(job_id: int) -> int:
+    """Take the job's row lock and return how many of its rollouts are running: one statement. Every start
+    and finish of the job waits for the lock, so the count cannot change until this transaction ends."""
+    return (RolloutJob.objects.select_for_update(of=("self",)).filter(pk=job_id)
+            .annotate(running=_running_count(OuterRef("pk"))).values_list("running", flat=True).get())
+
+
+def _defer(rollout: Rollout, attempt: int, running: int) -> None:
+    """The job is full: drop this message (sent_at cleared, the rollout waits for a slot); the transaction
+    that frees a slot sends it again. Caller holds the job's row lock, so no slot frees in between."""
+    Rollout.objects.filter(pk=rollout.pk, status=R.QUEUED, attempt=attempt).update(sent_at=None)
+    log.info("rollout %s deferred: job %s has %s running, its concurrency is %s", rollout.pk, rollout.job_id,
+             running, rollout.job.concurrency)
 
 
 def _claim(rollout: Rollout, attempt: int, open_trajectory: Callable[[Rollout], Trajectory] | None) -> bool:
@@ -172,7 +259,9 @@ def _claim(rollout: Rollout, attempt: int, open_trajectory: Callable[[Rollout], 
         rollout.proxy_token, rollout.token = new_rollout_token()  # type: ignore[attr-defined]
         rollout.trajectory = open_trajectory(rollout)
         claim.update(trajectory=rollout.trajectory, token=rollout.token)
-    if not Rollout.objects.filter(pk=rollout.pk, status=R.QUEUED, attempt=attempt).update(**claim):
+    # The limit is part of the claim itself (the caller's lock makes the count current on Postgres).
+    within_limit = LessThan(_running_count(rollout.job_id), rollout.job.concurrency)
+    if not Rollout.objects.filter(within_limit, pk=rollout.pk, status=R.QUEUED, attempt=attempt).update(**claim):
         transaction.set_rollback(True)
         return False
     if rollout.job.status == RolloutJob.Status.QUEUED:  # only the job's first rollout pays for this
@@ -260,14 +349,14 @@ def rollouts_stale(*, now=None) -> list[Rollout]:
 
 
 def rollouts_resend_due(*, now=None, limit: int = 1000) -> list[int]:
-    """Queued rollouts of open jobs whose message went out more than TROVE_ROLLOUT_RESEND_S ago (sent_at, or
-    created_at for the first message): the caller sends each again, in case the broker lost it. Marks them
+    """Queued rollouts of open jobs whose message went out more than TROVE_ROLLOUT_RESEND_S ago (sent_at):
+    the caller sends each again, in case the broker lost it. Marks them
     sent now in the same transaction (rows locked, skipping those another reaper holds), so each is re-sent
     at most once per interval. A duplicate message is harmless: the start is a conditional claim."""
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.TROVE_ROLLOUT_RESEND_S)
-    due = (Rollout.objects.filter(status=R.QUEUED, job__status__in=selectors.JOB_OPEN)
-           .annotate(last_sent=Coalesce("sent_at", "created_at")).filter(last_sent__lte=cutoff))
+    # A rollout waiting for a slot (sent_at NULL) has no message to lose: the finish that frees a slot sends it.
+    due = Rollout.objects.filter(status=R.QUEUED, job__status__in=selectors.JOB_OPEN, sent_at__lte=cutoff)
     with transaction.atomic():
         ids = list(due.select_for_update(skip_locked=True, of=("self",)).order_by("id").values_list("pk", flat=True)[:limit])
         Rollout.objects.filter(pk__in=ids, status=R.QUEUED).update(sent_at=now)
@@ -322,10 +411,15 @@ def _refresh_locked(job: RolloutJob, enqueue: Enqueue | None) -> list[int]:
     """`job` as read under its row lock (by _lock_job, in the caller's transaction)."""
     if job.status not in selectors.JOB_OPEN:
         return []  # cancelled or completed: spend nothing more
-    created = _plan_locked(job, enqueue)
-    if not created and not Rollout.objects.filter(job_id=job.pk, status__in=selectors.OPEN).exists():
+    created = _plan_locked(job, enqueue)  # sends what it creates, as far as the job has slots
+    if created:
+        return created
+    slots = _slots(job)
+    if slots["taken"] + slots["waiting"] == 0:
         RolloutJob.objects.filter(pk=job.pk, status__in=selectors.JOB_OPEN).update(
             status=RolloutJob.Status.COMPLETED, finished_at=timezone.now())
+    else:  # a rollout finished or was cancelled: its slot goes to the next one waiting
+        _send_waiting(job, slots, enqueue)
     return created
 
 

@@ -2,6 +2,10 @@
 redelivered: acks_late means a worker killed mid-rollout leaves the message for another worker, which
 finds the rollout running with a stale heartbeat once the reaper has taken it back.
 
+A rollout is sent only when its job has a slot for it (its concurrency); one whose start finds the job
+full anyway is deferred and its message dropped: the rollout waits, queued, until a finish frees a slot and
+sends it (webapp/rollouts/services.py). So `run` never re-enqueues a deferred rollout itself.
+
 A message the broker lost (Redis restarted without its data, a queue purged) would leave its rollout
 queued forever: the reaper also sends again the queued rollouts of open jobs whose message went out more
 than TROVE_ROLLOUT_RESEND_S ago, once the broker's queue is empty (while it is not, the workers are still
@@ -57,13 +61,16 @@ def reap_stale_rollouts() -> dict:
 
 
 def resend_lost_rollouts() -> int:
-    """Send again the queued rollouts whose message may have been lost; returns how many were sent."""
+    """Send the queued rollouts that lack a message: again for those whose message may have been lost, and
+    for the first time for those waiting for a slot their job now has (its concurrency was raised). Returns
+    how many were sent."""
+    sent = rollout_services.jobs_dispatch_waiting(enqueue=enqueue_rollout)
     if broker_backlog() > 0:
-        return 0
+        return sent
     ids = rollout_services.rollouts_resend_due()
     for rollout_id in ids:
         enqueue_rollout(rollout_id)
-    return len(ids)
+    return sent + len(ids)
 
 
 def broker_backlog() -> int:

@@ -65,8 +65,9 @@ def test_a_trainer_submits_a_job_by_names_and_its_rollouts_are_enqueued(
     assert body["budget"]["total"] == 12 and [row["task"] for row in body["budget"]["per_task"]] == ["a", "b", "c"]
     assert body["rollouts_url"].endswith(f"/api/v1/jobs/{job.pk}/rollouts/")
     messages = celery_queue()
-    assert [m["task"] for m in messages] == ["trove.rollouts.run"] * 6, messages
-    assert sorted(int(m["argsrepr"].strip("(),")) for m in messages) == sorted(job.rollouts.values_list("pk", flat=True))
+    assert [m["task"] for m in messages] == ["trove.rollouts.run"] * 3, "as many sent as the job's concurrency"
+    sent = sorted(int(m["argsrepr"].strip("(),")) for m in messages)
+    assert sent == sorted(job.rollouts.filter(sample_index=0).values_list("pk", flat=True)), "first samples first"
     assert SECRET not in response.content.decode()
 
 
@@ -102,7 +103,8 @@ def test_the_status_shows_progress_and_the_budget_spent_per_task(api):
 
     assert body["status"] == "completed"
     assert body["progress"] | {"by_status": None} == {
-        "total": 6, "issued": 6, "finished": 6, "percent": 100, "success_rate": 0.6667, "by_status": None}
+        "total": 6, "issued": 6, "finished": 6, "running": 0, "queued": 0, "concurrency": 1, "percent": 100,
+        "success_rate": 0.6667, "by_status": None}
     rows = {row["task"]: row for row in body["budget"]["per_task"]}
     assert (rows["easy"]["spent"], rows["easy"]["stopped_because"]) == (2, "always passed")
     assert (rows["mixed"]["spent"], rows["mixed"]["succeeded"], rows["mixed"]["failed"]) == (4, 2, 2)

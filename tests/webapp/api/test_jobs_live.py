@@ -30,14 +30,15 @@ def test_the_snapshot_has_the_grid_the_success_rate_and_the_budget(researcher):
 
     snap = researcher.get(f"/api/v1/jobs/{job.pk}/live/").json()
 
-    assert snap["job"] == {"id": job.pk, "status": "running", "sampling": "uniform", "open": True}
+    assert snap["job"] == {"id": job.pk, "status": "running", "sampling": "uniform", "concurrency": 4, "open": True}
     assert (snap["progress"]["finished"], snap["progress"]["total"], snap["progress"]["success_rate"]) == (2, 4, 0.5)
     assert snap["grid"] == [
         {"task": "a-task", "difficulty": "", "cells": [[0, "succeeded", None], [1, "queued", None]]},
         {"task": "b-task", "difficulty": "", "cells": [[0, "queued", None], [1, "failed", None]]},
     ]
-    assert [(t["task"], t["spent"], t["succeeded"], t["failed"]) for t in snap["budget"]["per_task"]] == [
-        ("a-task", 2, 1, 0), ("b-task", 2, 0, 1)]
+    assert [(t["task"], t["spent"], t["queued"], t["succeeded"], t["failed"], t["stopped_because"])
+            for t in snap["budget"]["per_task"]] == [("a-task", 1, 1, 1, 0, None), ("b-task", 1, 1, 0, 1, None)]
+    assert (snap["budget"]["spent"], snap["budget"]["total"]) == (2, 4), "spent: the samples that ran, not those queued"
     assert snap["throughput_per_min"] > 0 and snap["eta_s"] >= 0
     assert snap["trajectory_url"] == "/trajectories/{id}/"
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import pytest
 import redis
 from django.conf import settings
+from django.test import TestCase
 
 from webapp.fleets import services as fleet_services
 from webapp.fleets.models import Fleet
@@ -71,15 +72,28 @@ def finish(rollout_id: int, status: str, *, enqueue: Enqueued | None = None, wor
 
 
 def drive(job: RolloutJob, outcome: Outcome, *, enqueue: Enqueued | None = None, limit: int = 10_000) -> list[int]:
-    """Finish the job's queued rollouts one at a time, oldest first, until none is left. Returns the order."""
-    order = []
+    """Finish the job's queued rollouts one at a time until none is left. Returns the order.
+
+    Like a worker when `enqueue` has received the job's first messages (the job was made under
+    django_capture_on_commit_callbacks(execute=True)): the rollouts sent, in the order they were sent, and
+    only those, so a rollout no one sent is left queued where the caller's assertions see it. Otherwise the
+    oldest queued rollout each time. What each finish sends is sent at once (its after-commit callbacks run)."""
+    order: list[int] = []
     while len(order) < limit:
-        rollout = job.rollouts.filter(status=R.QUEUED).select_related("task").order_by("id").first()
-        if rollout is None:
+        rollout_id = _next_to_run(job, enqueue, order)
+        if rollout_id is None:
             return order
-        finish(rollout.pk, outcome(rollout.task.key, rollout.sample_index), enqueue=enqueue)
+        rollout = Rollout.objects.select_related("task").get(pk=rollout_id)
+        with TestCase.captureOnCommitCallbacks(execute=True):  # what the finish sends, sent now
+            finish(rollout.pk, outcome(rollout.task.key, rollout.sample_index), enqueue=enqueue)
         order.append(rollout.pk)
     raise AssertionError("the job kept planning rollouts past the limit")
+
+
+def _next_to_run(job: RolloutJob, enqueue: Enqueued | None, done: list[int]) -> int | None:
+    if enqueue is not None and enqueue.ids:
+        return next((rollout_id for rollout_id in enqueue.ids if rollout_id not in done), None)
+    return job.rollouts.filter(status=R.QUEUED).order_by("id").values_list("pk", flat=True).first()
 
 
 def samples_per_task(job: RolloutJob) -> dict[str, int]:

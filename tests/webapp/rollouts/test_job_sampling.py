@@ -29,7 +29,8 @@ def test_an_adaptive_job_spends_its_whole_budget_on_the_mixed_tasks_and_no_more(
     with django_capture_on_commit_callbacks(execute=True):
         job = make_job(["easy", "hard", "mixed-a", "mixed-b"], sampling="adaptive", samples_per_task=4,
                        adaptive_first_round=2, concurrency=2, enqueue=enqueued)
-        drive(job, always_pass_always_fail_or_alternate, enqueue=enqueued)
+    assert len(enqueued.ids) == 2, "no more sent than the job's concurrency"
+    drive(job, always_pass_always_fail_or_alternate, enqueue=enqueued)
 
     counts = samples_per_task(job)
     assert sum(counts.values()) == 4 * 4, "the budget is samples_per_task x tasks, all of it spent"
@@ -53,8 +54,9 @@ def test_the_budget_summary_says_how_each_task_spent_its_samples():
     rows = {row["task"]: row for row in budget["per_task"]}
     assert (budget["total"], budget["spent"], budget["unspent"], budget["may_still_spend"]) == (12, 12, 0, 0)
     assert {k: v for k, v in rows["easy"].items() if k != "task_id"} == {
-        "task": "easy", "spent": 2, "open": 0, "succeeded": 2, "failed": 0, "infra_error": 0,
-        "cancelled": 0, "pass_rate": 1.0, "stopped": True, "stopped_because": "always passed"}
+        "task": "easy", "spent": 2, "issued": 2, "queued": 0, "running": 0, "open": 0, "succeeded": 2,
+        "failed": 0, "infra_error": 0, "cancelled": 0, "pass_rate": 1.0, "stopped": True,
+        "stopped_because": "always passed"}
     assert rows["hard"]["stopped_because"] == "always failed" and rows["hard"]["pass_rate"] == 0.0
     assert rows["mixed"]["spent"] == 8 and rows["mixed"]["pass_rate"] == 0.5
     assert rows["mixed"]["stopped_because"] == "job budget spent"
@@ -93,13 +95,17 @@ def test_a_uniform_job_issues_every_sample_at_once_and_completes_when_they_have_
     enqueued = Enqueued()
     with django_capture_on_commit_callbacks(execute=True):
         job = make_job(["a", "b"], samples_per_task=3, enqueue=enqueued)
-    assert job.rollouts.count() == 6 and len(enqueued.ids) == 6
+    assert job.rollouts.count() == 6
+    sent_first = list(Rollout.objects.filter(pk__in=enqueued.ids).values_list("task__key", "sample_index"))
+    assert sorted(sent_first) == [("a", 0), ("a", 1), ("b", 0), ("b", 1)], \
+        "as many sent as the job's concurrency (4), every task's first samples first"
 
     drive(job, always_pass_always_fail_or_alternate, enqueue=enqueued)
 
     job.refresh_from_db()
     assert job.status == RolloutJob.Status.COMPLETED
     assert job.rollouts.count() == 6
+    assert sorted(enqueued.ids) == sorted(job.rollouts.values_list("pk", flat=True)), "each sent once, as slots freed"
     assert {row["stopped_because"] for row in job_budget(job=job)["per_task"]} == {"all its samples issued"}
 
 

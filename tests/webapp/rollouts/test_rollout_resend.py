@@ -73,9 +73,13 @@ def test_a_duplicate_start_is_a_no_op_and_leaves_no_trajectory_behind():
 
 
 def _claim_on_another_connection(rollout_id: int, worker: str) -> None:
+    """Another worker's claim, committed. Made with the claim's conditional UPDATE alone, without the job's
+    row lock (as a worker of an earlier release would, in a rolling upgrade): a start under way holds that
+    lock, and rollout_start would wait for it."""
     def claim() -> None:
         try:
-            assert rollout_start(rollout_id=rollout_id, worker=worker) is not None
+            assert Rollout.objects.filter(pk=rollout_id, status=R.QUEUED).update(status=R.RUNNING, worker=worker,
+                                                                                  attempt=1)
         finally:
             connection.close()
 

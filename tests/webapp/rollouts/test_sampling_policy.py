@@ -7,6 +7,7 @@ from webapp.rollouts.sampling import (
     ALWAYS_PASSED,
     BUDGET_SPENT,
     NO_OUTCOMES,
+    QUOTA_REACHED,
     Policy,
     TaskTally,
     may_still_spend,
@@ -98,11 +99,26 @@ def test_planning_is_deterministic():
 
 
 def test_the_summary_says_why_a_task_stopped():
-    mixed_done = TaskTally(task_id=1, issued=5, succeeded=2, failed=3)
-    always = TaskTally(task_id=2, issued=2, succeeded=2)
+    mixed_done = TaskTally(task_id=1, issued=5, started=5, succeeded=2, failed=3)
+    always = TaskTally(task_id=2, issued=2, started=2, succeeded=2)
 
     row = task_summary(mixed_done, ADAPTIVE, budget_left=0, job_open=False)
-    assert row == {"task_id": 1, "spent": 5, "open": 0, "succeeded": 2, "failed": 3, "infra_error": 0,
-                   "cancelled": 0, "pass_rate": 0.4, "stopped": True, "stopped_because": BUDGET_SPENT}
+    assert row == {"task_id": 1, "spent": 5, "issued": 5, "queued": 0, "running": 0, "open": 0, "succeeded": 2,
+                   "failed": 3, "infra_error": 0, "cancelled": 0, "pass_rate": 0.4, "stopped": True,
+                   "stopped_because": BUDGET_SPENT}
     assert task_summary(always, ADAPTIVE, budget_left=3, job_open=True)["stopped_because"] == ALWAYS_PASSED
     assert task_summary(TaskTally(task_id=3, issued=2, running=2), ADAPTIVE, budget_left=3, job_open=True)["stopped"] is False
+
+
+def test_a_uniform_task_has_spent_only_what_was_issued_and_stops_once_nothing_of_it_is_left_to_run():
+    uniform = Policy(name="uniform", samples_per_task=3)
+    waiting = TaskTally(task_id=1, issued=3, queued=3)
+    half = TaskTally(task_id=1, issued=3, started=2, queued=1, running=1, succeeded=1)
+    running = TaskTally(task_id=1, issued=3, started=3, running=1, succeeded=1, failed=1)
+    done = TaskTally(task_id=1, issued=3, started=3, succeeded=2, failed=1)
+
+    rows = [task_summary(t, uniform, budget_left=0, job_open=True) for t in (waiting, half, running, done)]
+
+    assert [row["spent"] for row in rows] == [0, 2, 3, 3], "spent: issued to a worker, not created"
+    assert [row["stopped_because"] for row in rows] == [None, None, None, QUOTA_REACHED]
+    assert [row["stopped"] for row in rows] == [False, False, False, True]

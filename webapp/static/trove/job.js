@@ -1,5 +1,5 @@
-// The job page, live: polls the job's JSON snapshot every 2 s and redraws the progress bar, the success
-// rate, throughput and ETA, the tasks x samples grid and the per-task budget. Stops once the job has ended.
+// The job page, live: polls the job's JSON snapshot every 2 s and redraws the progress bar, the running
+// count against the job's concurrency, the success rate, throughput and ETA, the tasks x samples grid and the per-task budget. Stops once the job has ended.
 // Text goes in through textContent only, so task keys and statuses can never inject markup.
 (function () {
   "use strict";
@@ -43,6 +43,8 @@
     const status = document.getElementById("job-status");
     status.textContent = snap.job.status;
     status.className = "status status-" + snap.job.status;
+    setText("running", p.running + " of at most " + p.concurrency);
+    setText("queued", String(p.queued));
     setText("success-rate", percent(p.success_rate));
     setText("throughput", snap.throughput_per_min === null ? "–" : snap.throughput_per_min + " rollouts/min");
     setText("eta", snap.job.open ? duration(snap.eta_s) : "done");
@@ -73,7 +75,8 @@
   function drawBudget(snap) {
     const rows = snap.budget.per_task.map((t) => {
       const tr = el("tr", { class: t.stopped ? "stopped" : "" });
-      tr.append(el("td", {}, t.task), el("td", {}, t.spent), el("td", {}, t.open), el("td", {}, t.succeeded),
+      tr.append(el("td", {}, t.task), el("td", {}, t.spent), el("td", {}, t.queued), el("td", {}, t.running),
+        el("td", {}, t.succeeded),
         el("td", {}, t.failed), el("td", {}, t.infra_error), el("td", {}, percent(t.pass_rate)),
         el("td", {}, t.stopped_because || (t.open ? "sampling" : "–")));
       return tr;
