@@ -22,7 +22,8 @@ LEGACY_NOTE = ("Registered by migration rollouts.0005 for jobs made before endpo
 
 def _legacy_name(url, taken):
     parts = urlsplit(url)
-    base = slugify(f"legacy-{parts.hostname or 'endpoint'}-{parts.port or ''}".rstrip("-"))[:90] or "legacy"
+    host = (parts.hostname or "endpoint").replace(".", "-")
+    base = slugify(f"legacy-{host}-{parts.port or ''}".rstrip("-"))[:90] or "legacy"
     name, n = base, 1
     while name in taken:
         n += 1
