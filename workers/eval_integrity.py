@@ -42,9 +42,10 @@ from workers.sandboxes.base import ExecResult
 
 # Kills every process in the sandbox but pid 1, the agent and this script's other ancestors. Two phases:
 # stop (SIGSTOP) until a round finds no process not yet stopped — a stopped process cannot fork, so a fork
-# loop is caught within rounds — then SIGKILL them all. Builtins only in the loops (`read`, `kill`), so
-# the script forks nothing the scan would see (and it runs in the exec's own shell, never a subshell, which
-# would be a process of its own). Exits 3 when a process is still alive after the kill.
+# loop is caught within rounds — then SIGKILL them all; up to three sweeps, until none is left alive.
+# Builtins only in the loops (`read`, `kill`), so the script forks nothing the scan would see (and it runs in
+# the exec's own shell, never a subshell, which would be a process of its own). Exits 3 when a process is
+# still alive after the sweeps.
 KILL_LEFTOVERS = r"""
 keep=" 1 "; p=$$
 while [ "$p" -gt 1 ]; do
@@ -52,31 +53,39 @@ while [ "$p" -gt 1 ]; do
   read -r stat < "/proc/$p/stat" || break
   stat=${stat##*) }; set -- $stat; p=$2
 done
-stopped=" "; round=0
-while [ "$round" -lt 200 ]; do
-  new=0
+# Pids of live processes this script may signal (others' uid: not the policy's), not kept, not zombies.
+live() {
+  found=""
   for d in /proc/[0-9]*; do
     pid=${d#/proc/}
-    case "$keep$stopped" in *" $pid "*) continue ;; esac
-    if kill -STOP "$pid" 2>/dev/null; then stopped="$stopped$pid "; new=1; fi
+    case "$keep" in *" $pid "*) continue ;; esac
+    read -r stat < "$d/stat" 2>/dev/null || continue
+    stat=${stat##*) }; case "$stat" in Z*|X*) continue ;; esac
+    kill -0 "$pid" 2>/dev/null && found="$found $pid"
   done
-  [ "$new" = 0 ] && break
-  round=$((round + 1))
-done
-for pid in $stopped; do kill -KILL "$pid" 2>/dev/null; done
-n=0; for pid in $stopped; do n=$((n + 1)); done
-echo "trove-eval: killed $n process(es) left in the sandbox"
-for attempt in 1 2 3 4 5 6 7 8 9 10; do
-  alive=""
-  for pid in $stopped; do
-    if read -r stat < "/proc/$pid/stat" 2>/dev/null; then
-      stat=${stat##*) }; case "$stat" in Z*|X*) ;; *) alive="$alive $pid" ;; esac
-    fi
+}
+killed=0
+for sweep in 1 2 3; do
+  stopped=" "; round=0
+  while [ "$round" -lt 200 ]; do
+    new=0
+    for d in /proc/[0-9]*; do
+      pid=${d#/proc/}
+      case "$keep$stopped" in *" $pid "*) continue ;; esac
+      if kill -STOP "$pid" 2>/dev/null; then stopped="$stopped$pid "; new=1; fi
+    done
+    [ "$new" = 0 ] && break
+    round=$((round + 1))
   done
-  [ -z "$alive" ] && break
-  sleep 0.1
+  for pid in $stopped; do kill -KILL "$pid" 2>/dev/null && killed=$((killed + 1)); done
+  for wait in 1 2 3 4 5 6 7 8 9 10; do
+    live; [ -z "$found" ] && break
+    sleep 0.05
+  done
+  [ -z "$found" ] && break
 done
-if [ -n "$alive" ]; then echo "trove-eval: processes still alive after SIGKILL:$alive" >&2; exit 3; fi
+echo "trove-eval: killed $killed process(es) left in the sandbox"
+if [ -n "$found" ]; then echo "trove-eval: processes still alive after SIGKILL:$found" >&2; exit 3; fi
 find /tmp /dev/shm -mindepth 1 -delete 2>/dev/null
 """
 

@@ -361,6 +361,29 @@ def test_the_eval_prelude_drops_writable_path_entries_in_a_real_sandbox(writable
     assert path in ("/usr/bin/python3", "/bin/python3") and home.startswith("/tmp/tmp.") and user_site == "False"
 
 
+def test_the_kill_step_leaves_no_policy_process_even_one_that_keeps_changing_its_pid(local_backend):
+    from workers.sandboxes.base import SandboxSpec
+
+    handle = local_backend.create(SandboxSpec(name=f"kill-{uuid.uuid4().hex[:8]}"))
+    # A hopper forks its successor and exits every few milliseconds (a pid list read once is always stale);
+    # a forker keeps a crowd of short-lived children; both in sessions of their own.
+    hopper = "hop() { sleep 0.005; (hop &) ; }; hop"
+    forker = "trap '' TERM; while :; do sleep 0.2 & sleep 0.001; done"
+    started = local_backend.exec(handle, f"setsid nohup bash -c {_sh(hopper)} >/dev/null 2>&1 < /dev/null & "
+                                         f"setsid nohup bash -c {_sh(forker)} >/dev/null 2>&1 < /dev/null & "
+                                         "sleep 0.3; ls /proc | grep -c '^[0-9]'")
+    task = _TaskRow(files={}, protected_paths=[], eval_files={})
+
+    prepared = local_backend.exec(handle, eval_integrity.prepare_command(task, kill=True))
+    left = local_backend.exec(handle, "sleep 0.5; for d in /proc/[0-9]*; do read -r s < $d/stat && echo \"$s\"; done")
+
+    assert int(started.stdout.split()[-1]) > 5  # the crowd was there
+    assert prepared.exit_code == 0, prepared.stderr
+    # What is left: pid 1, the agent, and this listing's own shell (its parent chain); no bash, no sleep.
+    commands = [line.split("(", 1)[1].split(")", 1)[0] for line in left.stdout.splitlines()]
+    assert commands.count("bash") == 1 and "sleep" not in commands, left.stdout
+
+
 @dataclasses.dataclass
 class _TaskRow:
     files: dict
