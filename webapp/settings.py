@@ -252,6 +252,9 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     # The schema maps every endpoint: signed-in people and tokens only (the docs page also needs a session).
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    # Every operation documents the errors it can answer with (webapp/api/schema.py).
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "webapp.api.schema.document_error_responses"],
     # Swagger UI assets are served from the installed sidecar package, never a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

@@ -144,6 +144,7 @@ class DatasetPagination(CursorPagination):
 
 class DatasetListApi(APIView):
     scope_area = "datasets"
+    pagination_class = DatasetPagination  # for the schema: the list is a cursor page
     @extend_schema(responses=DatasetListItemSerializer(many=True), operation_id="datasets_list")
     def get(self, request: Request) -> Response:
         paginator = DatasetPagination()

@@ -28,7 +28,7 @@ REGISTER_PERMISSION = "rollouts.add_modelendpoint"
 
 
 class EndpointSerializer(serializers.ModelSerializer):
-    created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
+    created_by = serializers.CharField(source="created_by.username", default=None, read_only=True, allow_null=True)
 
     class Meta:
         model = ModelEndpoint
@@ -71,6 +71,7 @@ class EndpointListApi(APIView):
     scope_area = "jobs"
     required_scopes = {"POST": "endpoints:write"}
     permission_classes = [*api_settings.DEFAULT_PERMISSION_CLASSES, CanRegisterEndpoints]
+    pagination_class = EndpointPagination  # for the schema: the list is a cursor page
 
     @extend_schema(responses=EndpointSerializer(many=True), operation_id="endpoints_list")
     def get(self, request: Request) -> Response:

@@ -191,6 +191,7 @@ class Newest(CursorPagination):
 
 class TemplateListApi(APIView):
     scope_area = "fleets"
+    pagination_class = ByName  # for the schema: the list is a cursor page
     @extend_schema(responses=TemplateSerializer(many=True), operation_id="templates_list")
     def get(self, request: Request) -> Response:
         return cursor_page(self, request, selectors.template_list(), pagination=ByName, serializer=TemplateSerializer)
@@ -217,6 +218,7 @@ class TemplateDetailApi(APIView):
 
 class FleetListApi(APIView):
     scope_area = "fleets"
+    pagination_class = ByName
     @extend_schema(responses=FleetSerializer(many=True), operation_id="fleets_list")
     def get(self, request: Request) -> Response:
         return cursor_page(self, request, selectors.fleet_list(), pagination=ByName, serializer=FleetSerializer)
@@ -286,6 +288,7 @@ class FleetEventsApi(APIView):
 
 class SandboxListApi(APIView):
     scope_area = "fleets"
+    pagination_class = Newest
     @extend_schema(parameters=[SandboxQuerySerializer], responses=SandboxSerializer(many=True),
                    operation_id="sandboxes_list")
     def get(self, request: Request) -> Response:

@@ -228,6 +228,7 @@ class TaskSetPagination(CursorPagination):
 
 class JobListApi(APIView):
     scope_area = "jobs"
+    pagination_class = JobPagination  # for the schema: the list is a cursor page
     @extend_schema(responses=JobListItemSerializer(many=True), operation_id="jobs_list")
     def get(self, request: Request) -> Response:
         return cursor_page(self, request, selectors.job_list(), pagination=JobPagination,
@@ -309,6 +310,7 @@ class RolloutCancelApi(APIView):
 
 class TaskSetListApi(APIView):
     scope_area = "jobs"
+    pagination_class = TaskSetPagination
     parser_classes = [MultiPartParser, FormParser, BoundedJSONParser]
 
     @extend_schema(responses=TaskSetSerializer(many=True), operation_id="task_sets_list")

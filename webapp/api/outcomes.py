@@ -17,7 +17,6 @@ from django.urls import path
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers
 from rest_framework.exceptions import PermissionDenied
-from rest_framework.pagination import CursorPagination
 from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -32,6 +31,7 @@ from experience.services.curation import (
     curation_history,
     trajectories_outcome_set,
 )
+from webapp.api.paging import LimitedCursorPagination
 
 CURATE_PERMISSION = "experience.change_trajectory"
 
@@ -71,7 +71,7 @@ class OutcomeResultSerializer(serializers.Serializer):
     event = CurationEventSerializer(allow_null=True)
 
 
-class EventPagination(CursorPagination):
+class EventPagination(LimitedCursorPagination):
     ordering = "-id"
     page_size = 50
     page_size_query_param = "limit"

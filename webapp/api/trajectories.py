@@ -36,7 +36,6 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers, status
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.negotiation import BaseContentNegotiation
-from rest_framework.pagination import CursorPagination
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -69,6 +68,7 @@ from experience.services.provenance import check_client_may_append
 from experience.services.stored import stored_step_records
 from experience.steps import context_length
 from webapp.api.limits import check_body_size
+from webapp.api.paging import LimitedCursorPagination
 from webapp.api.parsers import BoundedJSONParser
 from webapp.api.ranges import ID_MAX, INT_MAX
 
@@ -286,7 +286,7 @@ class TrajectoryFilterSet(django_filters.FilterSet):
         return trajectory_search(filters=self.search_filters(), queryset=queryset)
 
 
-class TrajectoryPagination(CursorPagination):
+class TrajectoryPagination(LimitedCursorPagination):
     ordering = "-id"
     page_size = 50
     page_size_query_param = "limit"
@@ -326,7 +326,7 @@ class TrajectoryListApi(generics.ListAPIView):
         data = TrajectorySerializer(rows, many=True, context={"request": request}).data
         return Response({"next": None, "previous": None, "results": data})
 
-    @extend_schema(request=IngestInputSerializer, responses={201: IngestOutcomeSerializer(many=True)},
+    @extend_schema(request=IngestInputSerializer, responses={201: IngestOutcomeSerializer(many=True), 200: IngestOutcomeSerializer(many=True)},
                    operation_id="trajectories_ingest")
     def post(self, request: Request) -> Response:
         """Store whole runs; all or nothing. 201 when a run was created, 200 when all were already stored."""
@@ -388,7 +388,8 @@ class TrajectoryStepsApi(APIView):
         next_url = None if last is None else _steps_url(request, trajectory.pk, last, args["limit"], args["context"])
         return Response({"results": StepSerializer(pairs, many=True).data, "next": next_url})
 
-    @extend_schema(request=StepsAppendSerializer, responses=OpenApiTypes.OBJECT, operation_id="trajectories_append")
+    @extend_schema(request=StepsAppendSerializer, responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT},
+                   operation_id="trajectories_append")
     def post(self, request: Request, trajectory_id: int) -> Response:
         """Append steps to a stored run (idempotent on call ids, and on seq with `first_seq`)."""
         check_body_size(request)
@@ -406,7 +407,8 @@ class TrajectoryImportApi(APIView):
     scope_area = "trajectories"
     parser_classes = [MultiPartParser, FormParser]
 
-    @extend_schema(request=ImportInputSerializer, responses=OpenApiTypes.OBJECT, operation_id="trajectories_import")
+    @extend_schema(request=ImportInputSerializer, responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT},
+                   operation_id="trajectories_import")
     def post(self, request: Request) -> Response:
         """Import uploaded files (any format `manage.py import` reads), each all or nothing.
 
