@@ -465,8 +465,8 @@ class Agent:
         if self.run_as is None:
             return
         uid, gid = self.run_as
-        result = run_command(ExecArgs("cat /proc/self/status", 30.0, None, 65536, None, dict(os.environ)),
-                             self.spawner())
+        show_status = 'while IFS= read -r line; do printf "%s\\n" "$line"; done < /proc/self/status'  # bash only
+        result = run_command(ExecArgs(show_status, 30.0, None, 65536, None, dict(os.environ)), self.spawner())
         status = dict(line.split(":", 1) for line in result["stdout"].splitlines() if ":" in line)
         expected = {"Uid": [str(uid)] * 4, "Gid": [str(gid)] * 4, "CapPrm": ["0" * 16], "CapEff": ["0" * 16],
                     "CapAmb": ["0" * 16], "NoNewPrivs": ["1"]}

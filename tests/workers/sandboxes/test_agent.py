@@ -209,3 +209,17 @@ def test_an_agent_without_a_user_of_its_own_is_undumpable_so_commands_of_its_uid
         process.kill()
         process.wait()
         os.rmdir(workspace)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start the agent as another uid")
+@pytest.mark.parametrize("run_as", ["65000:65000", "1000:1000"], ids=["its-own-uid", "cannot-switch"])
+def test_an_agent_that_cannot_give_commands_another_user_refuses_to_start(run_as):
+    """Fail closed: the agent, as uid 65000 without CAP_SETUID, either is asked to run commands as itself or
+    cannot switch to 1000; it exits before it serves anything."""
+    done = subprocess.run(
+        ["/usr/bin/setpriv", "--reuid=65000", "--regid=65000", "--clear-groups", "--", "/usr/bin/python3", "-I",
+         "-S", str(AGENT), "--listen", "tcp:127.0.0.1:0", "--workspace", "/", "--run-as", run_as],
+        capture_output=True, env={"PATH": os.environ["PATH"], "TROVE_AGENT_SECRET": SECRET}, text=True, timeout=30)
+
+    assert done.returncode == 2 and "trove-agent ready" not in done.stdout
+    assert "commands" in done.stderr and run_as.split(":")[0] in done.stderr
