@@ -95,7 +95,8 @@ HIJACK_NAMES = ("conftest.py", "sitecustomize.py", "usercustomize.py", "__pycach
 # virtualenv that a task keeps in its workspace (whose site-packages the policy could edit anyway).
 HIJACK_PATTERNS = ("*.pyc",)
 RUNNER_CONFIG = ("pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml")
-RUNNER_MODULES = ("pytest", "_pytest", "pluggy", "py", "iniconfig")
+RUNNER_MODULES = ("pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "exceptiongroup", "tomli",
+                  "colorama", "pygments")
 
 # The evaluation's environment, set in the same shell just before the task's command: a PATH of directories
 # the sandbox user can neither write nor owns, outside the workspace and the temporary directories.
@@ -175,6 +176,12 @@ def transport_diff_command(task, baseline: str) -> str:
     return ("export GIT_CONFIG_NOSYSTEM=1; git add -A >/dev/null 2>&1; "
             f"git -c core.fsmonitor= -c diff.external= --no-pager diff --cached --binary --no-ext-diff "
             f"--no-textconv --no-color {shlex.quote(baseline)} -- . {excludes}")
+
+
+def remove_hidden_command(task) -> str:
+    """After the evaluation of a sandbox that goes back to the pool (a reusable template): the hidden files
+    out, so the next rollout's agent cannot read this task's answer key."""
+    return "rm -rf -- " + " ".join(shlex.quote(_normal(path)) for path in task.eval_files)
 
 
 PATCH_PATH = ".git/trove-final.patch"

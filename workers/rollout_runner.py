@@ -431,6 +431,9 @@ class Attempt:
         result = fleet_ops.sandbox_exec(self.held(), eval_integrity.eval_command(task, fresh=fresh),
                                         timeout=task.eval_timeout_s, reason="eval")
         self.clock.eval_ms += (time.perf_counter() - started) * 1000
+        if task.eval_files and self.job.fleet.template.reusable:  # the sandbox goes back to the pool
+            fleet_ops.sandbox_exec(self.held(), eval_integrity.remove_hidden_command(task), timeout=30,
+                                   reason="remove hidden evaluation files")
         return diff, result, started_at
 
     def move_to_fresh_sandbox(self, task) -> ExecResult | None:

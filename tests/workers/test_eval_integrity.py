@@ -117,19 +117,21 @@ def writable_path_backend(sandbox_root, settings):
     registry._backends.pop("local", None)
 
 
-def _fleet(mode: str, setup_commands: tuple[str, ...] = ()):
+def _fleet(mode: str, setup_commands: tuple[str, ...] = (), reusable: bool = False):
     template = fleet_services.template_create(name=f"eval-{mode}-{uuid.uuid4().hex[:6]}", network="none",
-                                              eval_mode=mode, setup_commands=list(setup_commands))
+                                              eval_mode=mode, setup_commands=list(setup_commands),
+                                              reusable=reusable)
     return fleet_services.fleet_create(name=f"eval-{uuid.uuid4().hex[:8]}", template=template, backend="local",
                                        min_warm=0, max_warm=2, max_total=4)
 
 
-def _run(mode: str, commands: list[str], *, task: dict = TASK, setup: tuple[str, ...] = ()) -> tuple[Rollout, Step]:
+def _run(mode: str, commands: list[str], *, task: dict = TASK, setup: tuple[str, ...] = (),
+         reusable: bool = False) -> tuple[Rollout, Step]:
     """One rollout of `task` by a policy sending `commands`; returns the finished rollout and its eval step."""
     task_set = taskset_upsert(name=f"integrity-{uuid.uuid4().hex[:6]}", description="", source="api", tasks=[task])
     model = ScriptedModel(commands)
     try:
-        job = job_create(task_set=task_set, fleet=_fleet(mode, setup),
+        job = job_create(task_set=task_set, fleet=_fleet(mode, setup, reusable),
                          endpoint=make_endpoint(model.url, model_names=["scripted"]), model_name="scripted",
                          enqueue=lambda rollout_id: None, max_steps=len(commands) + 2)
         rollout = job.rollouts.get()
@@ -140,7 +142,8 @@ def _run(mode: str, commands: list[str], *, task: dict = TASK, setup: tuple[str,
     assert rollout.status in (Rollout.Status.SUCCEEDED, Rollout.Status.FAILED), rollout.error
     eval_step = Step.objects.get(trajectory=rollout.trajectory, kind="eval")
     assert eval_step.payload["eval_mode"] == mode
-    assert not Sandbox.objects.exclude(state=Sandbox.State.TERMINATED).exists()
+    if not reusable:
+        assert not Sandbox.objects.exclude(state=Sandbox.State.TERMINATED).exists()
     return rollout, eval_step
 
 
@@ -185,6 +188,17 @@ def test_an_agent_that_commits_its_fix_keeps_it(local_backend, proxy, mode):
 
     assert rollout.reward == 1.0, rollout.eval_output
     assert "+    return a + b" in rollout.trajectory.final_diff
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_sandbox_back_in_the_pool_holds_no_hidden_file(local_backend, proxy, mode):
+    rollout, eval_step = _run(mode, ["sed -i 's/a - b/a + b/' calc.py"], reusable=True)
+
+    assert rollout.reward == 1.0, rollout.eval_output
+    [warm] = Sandbox.objects.filter(state=Sandbox.State.WARM)
+    assert warm.name == eval_step.payload.get("eval_sandbox", rollout.sandbox.name)
+    listing = local_backend.exec(local_backend.get(warm.name), "ls tests")
+    assert listing.stdout.split() == ["test_calc.py"]
 
 
 def test_a_fresh_evaluation_keeps_what_the_template_setup_installed_in_the_user_site(local_backend, proxy):
