@@ -30,7 +30,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, Max, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, Max, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.db.models.lookups import LessThan
 from django.utils import timezone
@@ -229,18 +229,20 @@ def rollout_start(*, rollout_id: int, worker: str,
         return None
 
 
-def _running_count(job_id) -> Subquery:
-    """The job's running rollouts, as a subquery (`job_id` a value or an OuterRef)."""
+def _running_count(job_id: int) -> Coalesce:
+    """The job's running rollouts, as a subquery."""
     rows = (Rollout.objects.filter(job_id=job_id, status=R.RUNNING).order_by().values("job_id")
             .annotate(n=Count("id")).values("n"))
     return Coalesce(Subquery(rows[:1]), 0)
 
 
 def _lock_job_for_start(job_id: int) -> int:
-    """Take the job's row lock and return how many of its rollouts are running: one statement. Every start
-    and finish of the job waits for the lock, so the count cannot change until this transaction ends."""
-    return (RolloutJob.objects.select_for_update(of=("self",)).filter(pk=job_id)
-            .annotate(running=_running_count(OuterRef("pk"))).values_list("running", flat=True).get())
+    """Take the job's row lock, then count its running rollouts. Every start and finish of the job waits for
+    the lock, so the count cannot change until this transaction ends. Two statements, not one: a count in
+    the locking SELECT would be read from the snapshot taken before it waited for the lock (READ COMMITTED),
+    missing the claims committed meanwhile."""
+    RolloutJob.objects.select_for_update().filter(pk=job_id).values_list("pk", flat=True).get()
+    return Rollout.objects.filter(job_id=job_id, status=R.RUNNING).count()
 
 
 def _defer(rollout: Rollout, attempt: int, running: int) -> None:
