@@ -16,6 +16,8 @@ too, so documents deeper than MAX_JSON_DEPTH are refused outright. Agent logs ne
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import zipfile
 from dataclasses import dataclass
@@ -83,6 +85,19 @@ def _check_inflated(name: str, size: int, compressed: int, budget: ArchiveBudget
     if size > RATIO_FREE_BYTES and size > compressed * budget.max_ratio:
         raise LimitBreached(f"{name}: inflates more than {budget.max_ratio}:1 ({compressed} bytes compressed "
                             f"gave {size} so far; zip bomb?)")
+
+
+def gunzip_bounded(data: bytes, limit: int) -> bytes:
+    """The content of a gzip stream, or LimitBreached once it inflates past `limit` bytes. Read in chunks (the
+    decompressor honours the bound per call), so a gzip bomb stops at its first chunk over the limit; a tar
+    read from the result cannot make tarfile inflate more (its GNU long-name and pax headers are read whole)."""
+    content = bytearray()
+    with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+        while chunk := stream.read(READ_CHUNK):
+            content += chunk
+            if len(content) > limit:
+                raise LimitBreached(f"inflates past {limit} bytes (a gzip bomb?)")
+    return bytes(content)
 
 
 # ---------------------------------------------------------------- JSON

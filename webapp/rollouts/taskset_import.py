@@ -31,6 +31,7 @@ import io
 import json
 import posixpath
 import tarfile
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ from django.conf import settings
 from django.db import transaction
 
 from experience.errors import Conflict, ValidationError
+from experience.importers.limits import JsonTooDeep, LimitBreached, gunzip_bounded, loads_json
 from webapp.rollouts.models import Task, TaskSet
 
 REQUIRED = ("instance_id", "problem_statement", "eval_command")
@@ -147,7 +149,9 @@ def _task_from_line(raw: str | None) -> dict:
     if raw is None:
         raise _Invalid("", "is not UTF-8 text")
     try:
-        record = json.loads(raw)
+        record = loads_json(raw)
+    except JsonTooDeep as error:
+        raise _Invalid("", f"is refused: {error}") from None
     except json.JSONDecodeError as error:
         raise _Invalid("", f"is not valid JSON ({error.msg} at column {error.colno})") from None
     if not isinstance(record, dict):
@@ -209,8 +213,8 @@ def _metadata(record: dict) -> dict:
 def _test_list(field: str, value) -> list[str]:
     if isinstance(value, str):  # SWE-bench on the Hugging Face hub stores these as JSON-encoded strings
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
+            value = loads_json(value)
+        except ValueError:  # not JSON, or nested too deep
             raise _Invalid(field, "must be a list of test ids (or a JSON string of one)") from None
     if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
         raise _Invalid(field, "must be a list of test ids (strings)")
@@ -271,8 +275,16 @@ def _snapshot_files(encoded) -> dict[str, str]:
         raise _Invalid("snapshot_b64", "is not valid base64") from None
     files: dict[str, str] = {}
     budget = settings.TROVE_MAX_CONTENT_CHARS
+    # Inflated first, within the content budget and a header block per entry: tarfile itself would read a
+    # long-name or pax header of any declared size whole, inflating a small upload to gigabytes.
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+        tar = gunzip_bounded(data, budget + 1024 * (MAX_SNAPSHOT_FILES + 2))
+    except LimitBreached as error:
+        raise _Invalid("snapshot_b64", str(error)) from None
+    except (OSError, EOFError, zlib.error):
+        raise _Invalid("snapshot_b64", "is not a readable tar.gz archive") from None
+    try:
+        with tarfile.open(fileobj=io.BytesIO(tar), mode="r:") as archive:
             for count, member in enumerate(archive):
                 if count >= MAX_SNAPSHOT_FILES:
                     raise _Invalid("snapshot_b64", f"holds more than {MAX_SNAPSHOT_FILES} entries")

@@ -240,3 +240,57 @@ def test_one_body_limit_for_the_api_and_the_dashboard(api, browser, settings, tm
     settings.TROVE_MAX_BODY_BYTES = 100 * MIB
     allowed = browser.post("/trajectories/import/", {"file": SimpleUploadedFile("big.jsonl", big)})
     assert allowed.status_code == 400 and "big.jsonl" in allowed.content.decode()  # taken, read, and not a trajectory format
+
+
+# --- the task-set import (JSONL, with workspaces as base64 tar.gz) ------------------------------------------------
+
+
+def gnu_longname_bomb(inflated: int) -> str:
+    """A tar.gz whose first header is a GNU long name `inflated` bytes long (tarfile reads it whole), base64."""
+    import base64
+    import gzip
+    import io
+    import tarfile
+
+    header = tarfile.TarInfo("././@LongLink")
+    header.type, header.size = tarfile.GNUTYPE_LONGNAME, inflated
+    packed = io.BytesIO()
+    with gzip.GzipFile(fileobj=packed, mode="wb") as stream:
+        stream.write(header.tobuf(format=tarfile.GNU_FORMAT))
+        for _ in range(inflated // MIB):
+            stream.write(b"a" * MIB)
+    return base64.b64encode(packed.getvalue()).decode()
+
+
+@pytest.fixture
+def ops_api(db):
+    user = get_user_model().objects.create_user("ops")
+    user.groups.add(Group.objects.get(name="ops"))
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+def test_a_task_set_whose_snapshot_is_a_gzip_bomb_is_refused_before_it_inflates(ops_api):
+    from webapp.rollouts.models import TaskSet
+
+    line = json.dumps({"instance_id": "t1", "problem_statement": "fix it", "eval_command": "true",
+                       "snapshot_b64": gnu_longname_bomb(300 * MIB)})
+    assert len(line) < 2 * MIB
+    tracemalloc.start()
+    response = ops_api.post("/api/v1/task-sets/", {"name": "bomb", "jsonl": line}, format="json")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+
+    assert response.status_code == 400
+    assert "snapshot_b64" in response.json()["detail"] and "gzip bomb" in response.json()["detail"]
+    assert peak < 100 * MIB
+    assert not TaskSet.objects.filter(name="bomb").exists()
+
+
+def test_a_task_set_line_200000_levels_deep_is_refused_naming_the_line(ops_api):
+    lines = json.dumps({"instance_id": "t1", "problem_statement": "i", "eval_command": "true"}) + "\n" + deep_json().decode()
+    response = ops_api.post("/api/v1/task-sets/", {"name": "deep", "jsonl": lines}, format="json")
+
+    assert response.status_code == 400
+    assert "line 2" in response.json()["detail"] and "nested deeper than" in response.json()["detail"]
