@@ -335,15 +335,15 @@ class LocalBackend(SandboxBackend):
         listener = _bind_agent_socket(launch.paths)
         host_end, agent_end = socket.socketpair()
         uid_map = _UidMapChannel() if self._two_users() else None
-        launch = dataclasses.replace(launch, seccomp_fd=seccomp.program_fd(self.seccomp_program),
-                                     uid_map_fds=uid_map.child_fds if uid_map else None)
+        seccomp_fd = seccomp.program_fd(self.seccomp_program)
+        launch = dataclasses.replace(launch, seccomp_fd=seccomp_fd, uid_map_fds=uid_map.child_fds if uid_map else None)
         try:
             argv = bwrap.supervisor_argv(launch, cgroup_dirs=meta["cgroups"], bwrap=self.bwrap_path,
                                          setpriv=setpriv)
             with open(launch.paths.log, "wb") as log:
-                supervisor = subprocess.Popen(argv, stdin=agent_end, stdout=subprocess.PIPE, stderr=log,
+                supervisor = subprocess.Popen(argv, stdin=agent_end.fileno(), stdout=subprocess.PIPE, stderr=log,
                                               start_new_session=True, env={"PATH": "/usr/bin:/bin"},
-                                              pass_fds=(launch.seccomp_fd, *(launch.uid_map_fds or ())))
+                                              pass_fds=(seccomp_fd, *(launch.uid_map_fds or ())))
         except BaseException:
             listener.close()
             host_end.close()
@@ -351,7 +351,7 @@ class LocalBackend(SandboxBackend):
                 uid_map.close_parent_ends()
             raise
         finally:
-            os.close(launch.seccomp_fd)  # type: ignore[arg-type]  # the supervisor holds its own copy
+            os.close(seccomp_fd)  # the supervisor holds its own copy
             agent_end.close()
             if uid_map is not None:
                 uid_map.close_child_ends()
