@@ -34,15 +34,19 @@ from typing import Protocol
 
 from experience.importers import (
     atif,
+    conversations,
     inspect,
     mini_swe_agent,
     openai_messages,
     openhands,
     swe_agent,
+    swe_agent_rows,
     trove,
+    unsupported,
 )
 from experience.importers.base import Location, first_json_line, iter_jsonl, load_json_document, read_head
 from experience.importers.errors import ImportFormatError, ImportValidationError, TrajectoryImportError
+from experience.importers.outcomes import derive_success
 from experience.importers.validate import validate_record
 from experience.records import TrajectoryRecord
 
@@ -58,13 +62,16 @@ class Importer(Protocol):
 # Most specific first: a Trove export or an ATIF file would also pass looser checks further down.
 REGISTRY: dict[str, Importer] = {
     module.FORMAT: module  # type: ignore[misc]
-    for module in (trove, atif, inspect, mini_swe_agent, swe_agent, openhands, openai_messages)
+    for module in (
+        trove, atif, inspect, mini_swe_agent, swe_agent, swe_agent_rows, openhands, conversations, openai_messages
+    )
 }
 
 _EXPECTED = (
     "a Trove export (.jsonl), an ATIF trajectory (.json), an Inspect AI log (.json or .eval), a mini-swe-agent "
-    "trajectory (.traj.json), a SWE-agent trajectory (.traj), OpenHands output.jsonl or event-stream .json, "
-    "or a JSONL of OpenAI-format conversations"
+    "trajectory (.traj.json), a SWE-agent trajectory (.traj), SWE-agent dataset rows (JSON, JSONL or Parquet), "
+    "OpenHands output.jsonl or event-stream .json, "
+    "OpenAI-format conversations as JSONL or as a JSON array (tau-bench trajectories)"
 )
 
 # Faults of a corrupted file that get past the format checks surface as these while a parser walks it.
@@ -80,10 +87,32 @@ def detect_format(path: str | Path) -> str:
     for key, importer in REGISTRY.items():
         if importer.detect(path, head):
             return key
-    problem = _json_problem(path) if head.lstrip()[:1] in (b"{", b"[") else None
+    known = unsupported.identify(path, head)
+    if known:
+        raise ImportFormatError(
+            path, f"format not recognised: this looks like {known}, which Trove does not import yet; "
+                  f"it imports {_EXPECTED}")
+    if head.lstrip()[:1] not in (b"{", b"["):
+        raise ImportFormatError(path, f"format not recognised; expected {_EXPECTED}")
+    problem = _json_problem(path)
     if problem:  # say why, rather than only that nothing matched: a cut file loses the keys detection reads
         raise ImportFormatError(path, f"format not recognised, and {problem}")
-    raise ImportFormatError(path, f"format not recognised; expected {_EXPECTED}")
+    raise ImportFormatError(
+        path, f"format not recognised: valid JSON of an unknown shape ({_shape(path)}); expected {_EXPECTED}")
+
+
+def _shape(path: Path) -> str:
+    """What the top of a valid JSON (or JSONL) file holds, to tell a person what Trove saw."""
+    try:
+        value = load_json_document(path)
+    except ImportFormatError:
+        value = first_json_line(read_head(path))  # JSONL: its first line
+    if isinstance(value, list):
+        keys = sorted({k for item in value[:20] if isinstance(item, dict) for k in item})
+        return f"a list of {len(value)} item(s)" + (f" with keys {', '.join(keys[:8])}" if keys else "")
+    if isinstance(value, dict):
+        return f"an object with keys {', '.join(sorted(value)[:8]) or '(none)'}"
+    return f"a {type(value).__name__}"
 
 
 def _json_problem(path: Path) -> str | None:
@@ -103,9 +132,11 @@ def _json_problem(path: Path) -> str | None:
 
 
 def iter_records(
-    path: str | Path, format: str | None = None, *, name: str | None = None
+    path: str | Path, format: str | None = None, *, name: str | None = None, success_threshold: float | None = None
 ) -> Iterator[TrajectoryRecord]:
-    """Yield the file's runs one at a time, each fully validated. See the module docstring's contract."""
+    """Yield the file's runs one at a time, each fully validated. See the module docstring's contract.
+    A run with a reward and no success verdict gets one derived by experience.importers.outcomes (0/1 rewards,
+    or reward >= `success_threshold` when given), marked as derived in its metadata."""
     path = Path(path)
     key = format or detect_format(path)
     if key not in REGISTRY:
@@ -113,7 +144,7 @@ def iter_records(
     index = -1
     try:
         for index, record in enumerate(REGISTRY[key].parse(path, name=name)):
-            yield validate_record(record, Location(path, record=index))
+            yield validate_record(derive_success(record, success_threshold), Location(path, record=index))
     except TrajectoryImportError:
         raise
     except _PARSE_FAULTS as exc:
@@ -123,10 +154,10 @@ def iter_records(
 
 
 def read_all(
-    path: str | Path, format: str | None = None, *, name: str | None = None
+    path: str | Path, format: str | None = None, *, name: str | None = None, success_threshold: float | None = None
 ) -> list[TrajectoryRecord]:
     """Every run of the file, or an error and nothing. Holds them all: for files that fit in memory."""
-    return list(iter_records(path, format, name=name))
+    return list(iter_records(path, format, name=name, success_threshold=success_threshold))
 
 
 def validate_file(path: str | Path, format: str | None = None, *, name: str | None = None) -> int:

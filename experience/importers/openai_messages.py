@@ -1,7 +1,8 @@
 """OpenAI-format conversations, one per line of a JSONL file.
 
 A line: {"messages": [OpenAI chat messages, assistant ones with tool_calls, tool ones with tool_call_id],
-"task_id"?, "id"?, "reward"?, "success"?, "model"?, "metadata"?}. Other keys are kept in metadata.
+"task_id"?, "id"?, "reward"?, "success"?, "model"?, "metadata"?}. Other keys are kept in metadata. The outcome
+may be named as other sources name it (score, resolved, passed, ...: experience.importers.outcomes).
 
 Steps: see experience.importers.chat (assistant -> model_call with the preceding messages as context;
 shell tool calls -> command with the tool answer as output; other tool calls -> tool_call + observation).
@@ -30,22 +31,13 @@ from experience.importers.base import (
     text_or_empty,
 )
 from experience.importers.chat import steps_from_chat
+from experience.importers.outcomes import REWARD_KEYS, SUCCESS_KEYS, outcome_of
 from experience.records import TrajectoryRecord
 
 FORMAT = "openai_messages"
 SOURCE_FORMAT = "openai-messages"
 _MESSAGES = re.compile(rb'"messages"\s*:\s*\[\s*\{\s*"role"')
-_KNOWN_KEYS = {
-    "messages",
-    "task_id",
-    "task_key",
-    "id",
-    "reward",
-    "success",
-    "model",
-    "metadata",
-    "instruction",
-}
+_KNOWN_KEYS = {"messages", "task_id", "task_key", "id", "model", "metadata", "instruction", *REWARD_KEYS, *SUCCESS_KEYS}
 
 
 def detect(path: Path, head: bytes) -> bool:
@@ -68,8 +60,7 @@ def _record(path: Path, name: str | None, obj: Any, loc: Location, refs: UniqueR
         raise loc.invalid(None, "each line must be a JSON object")
     messages = require(obj, "messages", list, loc)
     steps = steps_from_chat(messages, loc)
-    reward = optional(obj, "reward", float, loc)
-    success = optional(obj, "success", bool, loc)
+    reward, success = outcome_of(obj, loc)  # reward / score, success / resolved / passed ... (outcomes)
     identity = obj.get("id") if obj.get("id") is not None else f"line-{loc.line}"
     instruction = text_or_empty(obj.get("instruction")) or _first_user(messages)
     metadata = dict(optional(obj, "metadata", dict, loc) or {})
@@ -81,7 +72,7 @@ def _record(path: Path, name: str | None, obj: Any, loc: Location, refs: UniqueR
         task_key=str(obj.get("task_id") or obj.get("task_key") or task_hash(instruction)),
         instruction=instruction,
         model=str(obj.get("model") or next((s.model for s in steps if s.model), "") or ""),
-        reward=float(reward) if reward is not None else None,
+        reward=reward,
         success=success,
         metadata=metadata,
         steps=steps,

@@ -40,6 +40,8 @@ MINI_V1 = SAMPLES / "example__calc-17.traj.json"
 MINI_V2 = SAMPLES / "django__django-11099.traj.json"
 ATIF_SAMPLE = SAMPLES / "hello-world.trajectory.json"
 CONVERSATIONS = SAMPLES / "conversations.jsonl"
+TAU_BENCH = SAMPLES / "tau-bench" / "gpt-4o-airline.json"
+SWE_AGENT_ROWS = SAMPLES / "swe-agent-rows" / "nebius-rows.jsonl"
 
 SWE_AGENT_FILES = sorted(SWE_AGENT.rglob("*.traj"))
 
@@ -56,6 +58,8 @@ EXPECTED_FORMATS: dict[Path, str] = {
     MINI_V2: "mini_swe_agent",
     ATIF_SAMPLE: "atif",
     CONVERSATIONS: "openai_messages",
+    TAU_BENCH: "openai_conversations",
+    SWE_AGENT_ROWS: "swe_agent_rows",
 }
 ALL_FILES = list(EXPECTED_FORMATS)
 

@@ -1,0 +1,37 @@
+"""Formats people hold runs in that Trove does not import yet, recognised so the error names them.
+
+`identify(path, head)` returns a name such as "a Gemini CLI log" or None. Each check reads only the file's
+name and its first megabyte, and is strict enough not to claim a file some importer reads (detection asks
+it only after every importer has declined).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+_AIDER_HEADING = re.compile(rb"^\s*# aider chat started at ", re.MULTILINE)
+_GEMINI_LOG = re.compile(rb'^\s*\[\s*\{\s*"sessionId"\s*:\s*"[^"]*"\s*,\s*"messageId"\s*:')
+_GEMINI_CHAT = re.compile(rb'"sessionId"\s*:.{0,2000}?"projectHash"\s*:', re.DOTALL)
+_GEMINI_TURN = re.compile(rb'"type"\s*:\s*"gemini"')
+_LANGSMITH = re.compile(rb'"run_type"\s*:\s*"(llm|chain|tool)"')
+
+KNOWN = {
+    "aider": "an aider chat history (.aider.chat.history.md)",
+    "gemini_log": "a Gemini CLI log (~/.gemini/tmp/<project>/logs.json)",
+    "gemini_chat": "a Gemini CLI saved chat (~/.gemini/tmp/<project>/chats/*.json)",
+    "langsmith": "a LangSmith run export",
+}
+
+
+def identify(path: Path, head: bytes) -> str | None:
+    """The name of the unsupported format the file looks like, or None."""
+    if path.name.endswith(".aider.chat.history.md") or _AIDER_HEADING.search(head[:4096]):
+        return KNOWN["aider"]
+    if _GEMINI_LOG.match(head):
+        return KNOWN["gemini_log"]
+    if _GEMINI_CHAT.search(head[:65536]) and _GEMINI_TURN.search(head):
+        return KNOWN["gemini_chat"]
+    if head.lstrip()[:1] in (b"{", b"[") and _LANGSMITH.search(head[:65536]):
+        return KNOWN["langsmith"]
+    return None
