@@ -508,10 +508,11 @@ def drop_to(run_as: tuple[int, int]) -> None:
         raise OSError(f"could not switch to {uid}:{gid}")
 
 
-def fork_as(run_as: tuple[int, int], child) -> tuple[int, bytes]:
+def fork_as(run_as: tuple[int, int], child, *, before_report=None) -> tuple[int, bytes]:
     """Fork; the child drops to `run_as` and runs `child()` (which execs, or returns to exit 0). Returns
     (pid, what the child reported on its error pipe: empty when it exec'd or returned cleanly). A child that
-    fails, the drop included, never runs anything: it reports and exits 127."""
+    fails, the drop included, never runs anything: it reports and exits 127. `before_report()` runs in the
+    parent right after the fork (it must drain whatever the child writes, or the child could block on it)."""
     err_r, err_w = os.pipe()  # close-on-exec: an exec that works closes it with nothing written
     pid = os.fork()
     if pid == 0:  # the child: only raw system calls and small objects from here to exec or _exit
@@ -529,6 +530,8 @@ def fork_as(run_as: tuple[int, int], child) -> tuple[int, bytes]:
         os._exit(code)
     os.close(err_w)
     try:
+        if before_report is not None:
+            before_report()
         report = b""
         while chunk := os.read(err_r, 4096):
             report += chunk
@@ -545,26 +548,28 @@ def _child_error(exc: BaseException) -> str:
 
 def run_as_child(run_as: tuple[int, int], operation, *args) -> bytes:
     """`operation(*args)` in a child dropped to `run_as`; its return value (bytes, or None) comes back
-    through a pipe, a RequestError it raises is raised here."""
+    through a pipe (read while the child writes it), a RequestError it raises is raised here."""
     out_r, out_w = os.pipe()
+    chunks: list[bytes] = []
 
     def child() -> None:
         os.close(out_r)
-        result = operation(*args) or b""
-        view = memoryview(result)
+        view = memoryview(operation(*args) or b"")
         while view:
             view = view[os.write(out_w, view):]
 
-    try:
-        pid, report = fork_as(run_as, child)
-    finally:
-        os.close(out_w)
-    try:
-        chunks = []
+    open_ends = [out_w]
+
+    def drain() -> None:
+        os.close(open_ends.pop())  # our write end: end of stream comes when the child exits
         while chunk := os.read(out_r, READ_CHUNK):
             chunks.append(chunk)
+
+    try:
+        pid, report = fork_as(run_as, child, before_report=drain)
     finally:
-        os.close(out_r)
+        for fd in (out_r, *open_ends):  # the write end is still ours if the fork failed
+            os.close(fd)
     os.waitpid(pid, 0)
     if report:
         code, _, message = report.decode("utf-8", "replace").partition("\t")

@@ -152,6 +152,9 @@ def test_commands_and_file_operations_run_as_the_sandbox_user_and_the_agent_as_a
     assert written.st_uid == backend.host_uid != backend.agent_uid
     backend.exec(sandbox, "echo private > mine.txt; chmod 600 mine.txt")
     assert backend.read_file(sandbox, "mine.txt") == b"private\n"  # read with the owner's rights, not the agent's
+    large = os.urandom(3 * 1024 * 1024)  # many times a pipe's buffer, through the dropped child both ways
+    backend.write_file(sandbox, "deep/large.bin", large)
+    assert backend.read_file(sandbox, "deep/large.bin") == large
 
 
 
