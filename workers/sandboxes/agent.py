@@ -626,14 +626,22 @@ def confined_path(workspace: str, path: object) -> str:
 def read_file(workspace: str, path: object) -> bytes:
     target = confined_path(workspace, path)
     try:
-        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
+        # Non-blocking open: a FIFO planted in the file's place must not hang the agent. Regular files only.
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         with open(fd, "rb") as f:
+            if not stat_is_regular(os.fstat(fd).st_mode):
+                raise RequestError("path", f"{path!r} is not a regular file")
+            os.set_blocking(fd, True)
             content = f.read(MAX_FILE_READ + 1)
     except OSError as exc:
         raise RequestError("path", f"{path!r}: {exc.strerror}") from None
     if len(content) > MAX_FILE_READ:
         raise RequestError("bad_request", f"{path!r} is larger than {MAX_FILE_READ} bytes")
     return content
+
+
+def stat_is_regular(mode: int) -> bool:
+    return mode & 0o170000 == 0o100000  # stat.S_ISREG, without importing stat
 
 
 def decode_content(content_b64: object) -> bytes:

@@ -26,6 +26,7 @@ from workers.sandboxes.base import (
     AgentAuthError,
     AgentIntegrityError,
     AgentUnavailable,
+    SandboxError,
     SandboxHandle,
     SandboxSpec,
 )
@@ -152,6 +153,9 @@ def test_commands_and_file_operations_run_as_the_sandbox_user_and_the_agent_as_a
     assert written.st_uid == backend.host_uid != backend.agent_uid
     backend.exec(sandbox, "echo private > mine.txt; chmod 600 mine.txt")
     assert backend.read_file(sandbox, "mine.txt") == b"private\n"  # read with the owner's rights, not the agent's
+    backend.exec(sandbox, "mkfifo trap")
+    with pytest.raises(SandboxError, match="not a regular file"):
+        backend.read_file(sandbox, "trap")  # a FIFO in a file's place does not hang the agent
     large = os.urandom(3 * 1024 * 1024)  # many times a pipe's buffer, through the dropped child both ways
     backend.write_file(sandbox, "deep/large.bin", large)
     assert backend.read_file(sandbox, "deep/large.bin") == large
