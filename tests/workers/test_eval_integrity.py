@@ -347,6 +347,20 @@ def test_a_policy_that_puts_a_fake_python3_first_on_path_gets_the_true_reward(wr
 
 # --- pieces ---------------------------------------------------------------------------------------------------
 
+def test_the_seeded_demo_tasks_carry_their_hidden_tests_apart_from_the_workspace(demo_task_set):
+    from workers.demo.tasks import load_demo_tasks
+
+    shipped = {task.key: task for task in load_demo_tasks()}
+    rows = list(demo_task_set.tasks.all())
+
+    assert {row.key for row in rows} == set(shipped)
+    for row in rows:
+        assert row.eval_files == shipped[row.key].eval_files and len(row.eval_files) == 1
+        assert not set(row.eval_files) & set(row.files)
+        assert row.protected_paths == ["tests/"]
+        assert all(path in row.eval_command for path in row.eval_files)
+
+
 def test_the_restored_files_come_from_the_task_row_with_the_hidden_ones():
     task = _TaskRow(files={"calc.py": BUGGY, "tests/a.py": "a", "conftest.py": "c", "pkg/x.py": "x"},
                     protected_paths=["tests/"], eval_files={"tests/hidden.py": "h", "eval/h2.py": "h2"})
