@@ -34,6 +34,7 @@ from typing import Protocol
 
 from experience.importers import (
     atif,
+    claude_code,
     conversations,
     inspect,
     mini_swe_agent,
@@ -63,14 +64,15 @@ class Importer(Protocol):
 REGISTRY: dict[str, Importer] = {
     module.FORMAT: module  # type: ignore[misc]
     for module in (
-        trove, atif, inspect, mini_swe_agent, swe_agent, swe_agent_rows, openhands, conversations, openai_messages
+        trove, atif, inspect, mini_swe_agent, swe_agent, swe_agent_rows, openhands, claude_code, conversations,
+        openai_messages,
     )
 }
 
 _EXPECTED = (
     "a Trove export (.jsonl), an ATIF trajectory (.json), an Inspect AI log (.json or .eval), a mini-swe-agent "
     "trajectory (.traj.json), a SWE-agent trajectory (.traj), SWE-agent dataset rows (JSON, JSONL or Parquet), "
-    "OpenHands output.jsonl or event-stream .json, "
+    "OpenHands output.jsonl or event-stream .json, a Claude Code session (.jsonl), "
     "OpenAI-format conversations as JSONL or as a JSON array (tau-bench trajectories)"
 )
 

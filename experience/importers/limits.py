@@ -107,11 +107,12 @@ class JsonTooDeep(LimitBreached):
     pass
 
 
-def loads_json(data: bytes | str) -> Any:
+def loads_json(data: bytes | str, *, strict: bool = True) -> Any:
     """json.loads that refuses documents nested deeper than MAX_JSON_DEPTH with JsonTooDeep (a ValueError,
-    so callers that treat "not JSON" as ValueError keep doing so). Other faults raise as json.loads does."""
+    so callers that treat "not JSON" as ValueError keep doing so). Other faults raise as json.loads does.
+    `strict=False` accepts raw control characters inside strings (json.loads' own flag)."""
     try:
-        value = json.loads(data)
+        value = json.loads(data, strict=strict)
     except RecursionError:
         raise JsonTooDeep(_too_deep()) from None
     if nesting_exceeds(value, MAX_JSON_DEPTH):

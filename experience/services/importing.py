@@ -95,12 +95,15 @@ def trajectories_import_file(
     name: str | None = None,
     label: str | None = None,
     on_runs: Callable[[int], None] | None = None,
+    success_threshold: float | None = None,
 ) -> FileReport:
     """Import every run of one file, or none of them. Never raises for a bad file: the report says why.
 
     `format` forces a format (a registry key of experience.importers) instead of detecting it; `name` is the
     file's name inside each run's source_ref (see experience.importers); `label` how the report names the
-    file (default: the path); `on_runs(n)` is called as runs are stored, for progress bars.
+    file (default: the path); `on_runs(n)` is called as runs are stored, for progress bars;
+    `success_threshold` the reward at or above which a run without a verdict succeeded (see
+    experience.importers.outcomes: without it only 0/1 rewards decide).
     """
     path = Path(path)
     report = FileReport(path=label or str(path))
@@ -116,7 +119,8 @@ def trajectories_import_file(
         report.status, report.present, report.trajectory_ids = PRESENT, len(earlier), earlier
         return report
     try:
-        _import_runs(path, report, name=name, digest=digest, original=original, on_runs=on_runs)
+        _import_runs(path, report, name=name, digest=digest, original=original, on_runs=on_runs,
+                     success_threshold=success_threshold)
     except TroveError as error:
         report.status, report.error, report.imported, report.present = INVALID, error.message, 0, 0
         report.trajectory_ids = []
@@ -147,7 +151,7 @@ def _original(path: Path) -> tuple[str, bytes | None]:
 
 def _import_runs(
     path: Path, report: FileReport, *, name: str | None, digest: str, original: bytes | None,
-    on_runs: Callable[[int], None] | None,
+    on_runs: Callable[[int], None] | None, success_threshold: float | None = None,
 ) -> None:
     # One transaction for the whole file: iter_records raises late for a fault late in the file (its
     # contract), and that error must take the runs already written with it.
@@ -156,7 +160,8 @@ def _import_runs(
             blobs_store({digest: original})
         index = 0
         # Every run read from a file is an import, whatever the file claims (provenance.as_import).
-        for batch in _batches(map(as_import, iter_records(path, report.format, name=name))):
+        for batch in _batches(map(as_import, iter_records(path, report.format, name=name,
+                                                           success_threshold=success_threshold))):
             outcomes = trajectories_ingest_many(
                 records=batch, original_blob=digest if original is not None else "",
                 field_prefix="record {index}: ", index_offset=index,
@@ -183,6 +188,7 @@ def trajectories_import_path(
     format: str | None = None,
     on_file: Callable[[FileReport], None] | None = None,
     on_runs: Callable[[int], None] | None = None,
+    success_threshold: float | None = None,
 ) -> ImportReport:
     """Import a file, or every file under a directory (recursively, in name order, hidden files skipped).
 
@@ -195,7 +201,8 @@ def trajectories_import_path(
         report.files.append(FileReport(path=str(root), status=INVALID, error=f"{root}: no such file or directory"))
         return report
     for file, name in trajectory_files(root):
-        item = trajectories_import_file(path=file, format=format, name=name, on_runs=on_runs)
+        item = trajectories_import_file(path=file, format=format, name=name, on_runs=on_runs,
+                                        success_threshold=success_threshold)
         report.files.append(item)
         if on_file:
             on_file(item)

@@ -35,6 +35,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("paths", nargs="+", metavar="PATH", help="a file or a directory (read recursively)")
         parser.add_argument("--format", choices=sorted(REGISTRY), help="skip detection: read every file as this")
+        parser.add_argument("--success-threshold", type=float, metavar="R",
+                            help="a run with a reward and no success flag succeeded when reward >= R "
+                                 "(default: only 0/1 rewards decide; the verdict is marked as derived)")
         parser.add_argument("--no-index", action="store_true", help="do not index the new runs for search now")
         parser.add_argument("--no-progress", action="store_true", help="no progress bar")
         parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -67,8 +70,9 @@ class Command(BaseCommand):
         with bar:
             for path, name in work:
                 bar.set_description(path.name[:40])
-                report.files.append(trajectories_import_file(path=path, format=options["format"], name=name,
-                                                             on_runs=counted))
+                report.files.append(trajectories_import_file(
+                    path=path, format=options["format"], name=name, on_runs=counted,
+                    success_threshold=options["success_threshold"]))
                 bar.update(1)
 
     def _report(self, report: ImportReport, indexed: int, as_json: bool) -> None:

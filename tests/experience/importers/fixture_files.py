@@ -42,6 +42,10 @@ ATIF_SAMPLE = SAMPLES / "hello-world.trajectory.json"
 CONVERSATIONS = SAMPLES / "conversations.jsonl"
 TAU_BENCH = SAMPLES / "tau-bench" / "gpt-4o-airline.json"
 SWE_AGENT_ROWS = SAMPLES / "swe-agent-rows" / "nebius-rows.jsonl"
+CLAUDE_CODE = SAMPLES / "claude-code"
+CLAUDE_SESSION = CLAUDE_CODE / "-home-dev-calc" / "7f3c2a10-5b1e-4c2d-9a8f-0e6d4b3c2a11.jsonl"
+CLAUDE_SUBAGENT = CLAUDE_SESSION.with_suffix("") / "subagents" / "agent-a9e41c07.jsonl"
+CLAUDE_WINDOWS = CLAUDE_CODE / "C--Users-dev-proj" / "0b9d8e7f-1a2b-4c3d-8e9f-a0b1c2d3e4f5.jsonl"
 
 SWE_AGENT_FILES = sorted(SWE_AGENT.rglob("*.traj"))
 
@@ -60,6 +64,9 @@ EXPECTED_FORMATS: dict[Path, str] = {
     CONVERSATIONS: "openai_messages",
     TAU_BENCH: "openai_conversations",
     SWE_AGENT_ROWS: "swe_agent_rows",
+    CLAUDE_SESSION: "claude_code",
+    CLAUDE_SUBAGENT: "claude_code",
+    CLAUDE_WINDOWS: "claude_code",
 }
 ALL_FILES = list(EXPECTED_FORMATS)
 

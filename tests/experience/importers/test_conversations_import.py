@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from experience.importers import ImportFormatError, ImportValidationError, detect_format, iter_records, read_all
+from experience.importers import (
+    ImportFormatError,
+    ImportValidationError,
+    detect_format,
+    read_all,
+)
 from importers.fixture_files import CONVERSATIONS, TAU_BENCH, raw_json, raw_jsonl
 
 
