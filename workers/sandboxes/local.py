@@ -369,8 +369,8 @@ class LocalBackend(SandboxBackend):
     def _await_ready(self, name: str, meta: dict[str, Any], *, timeout: float,
                      ready_pipe: subprocess.Popen | None = None) -> SandboxHandle:
         """Wait for the agent, then ping it. Our own supervisor's stdout carries the agent's ready line (and
-        closes if the sandbox dies), so no polling is needed; otherwise poll for the socket file, which
-        the agent creates only once it listens."""
+        closes if the sandbox dies), so no polling is needed; otherwise poll until the agent listens on its
+        socket (a connect is refused before)."""
         paths = self._paths(name)
         deadline = time.monotonic() + timeout
         if ready_pipe is not None:
