@@ -17,7 +17,6 @@ from django.urls import path
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers
 from rest_framework.exceptions import PermissionDenied
-from rest_framework.parsers import JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -32,6 +31,7 @@ from experience.services.curation import (
     trajectories_outcome_set,
 )
 from webapp.api.paging import LimitedCursorPagination
+from webapp.api.parsers import BoundedJSONParser
 
 CURATE_PERMISSION = "experience.change_trajectory"
 
@@ -81,7 +81,7 @@ class EventPagination(LimitedCursorPagination):
 class TrajectoryOutcomeApi(APIView):
     scope_area = "trajectories"
     required_scopes = {"POST": "trajectories:curate"}
-    parser_classes = [JSONParser]
+    parser_classes = [BoundedJSONParser]
 
     @extend_schema(request=OutcomeInputSerializer, responses=OutcomeResultSerializer,
                    operation_id="trajectories_outcome_set")
