@@ -197,7 +197,7 @@ def create_bench_rollouts(upstream_v1: str, count: int) -> dict[str, Any]:
     endpoint = endpoint_register(name=f"bench-proxy-{uuid.uuid4().hex[:8]}", base_url=upstream_v1, protocol="chat",
                                  model_names=[MODEL], allow_private_network=True)  # the mock upstream is on loopback
     job = job_create(task_set=task_set, fleet=fleet, endpoint=endpoint, model_name=MODEL,
-                     name="benchmarks/proxy_overhead.py", samples_per_task=count, task_keys=[task_key],
+                     name="benchmarks/proxy_overhead.py", samples_per_task=count, task_keys=[task_key], concurrency=count,
                      enqueue=lambda rollout_id: None)
     tokens = []
     for rollout_id in job.rollouts.order_by("pk").values_list("pk", flat=True):

@@ -48,7 +48,8 @@ Row = tuple[str, int, int, str, str, bool, str, str]
 
 class Lookup(Protocol):
     async def rows(self, tokens: list[str]) -> list[Row]:
-        """The running rollouts (with a trajectory) among `tokens`. Raises when the database cannot say."""
+        """The running rollouts (with a trajectory) whose token hash is among `tokens`, with their job's
+        endpoint. Raises when the database cannot say."""
 
     async def close(self) -> None: ...
 
