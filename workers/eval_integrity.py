@@ -139,20 +139,25 @@ def restored_files(task) -> dict[str, str]:
 
 
 def scrub_script(task) -> str:
-    """Removes the protected roots, the hijack files anywhere outside .git, and the root-level shadowing
-    modules and runner configuration the task does not ship. Exit 4 if a removal failed."""
+    """Removes the protected roots, the hijack files anywhere outside .git, and at the workspace root the
+    runner configuration and every module the task does not ship whose name is a standard-library or
+    test-runner module or a protected directory's: `argparse.py`, `unittest/`, `argparse.<abi>.so` (an
+    extension module is found before the stdlib's), `tests.py` (a module setting `__path__` would serve
+    `tests.test_x` from anywhere while `tests/` has no `__init__.py`). Exit 4 if a removal failed."""
     roots = protected_roots(task)
-    owned_top = {path.split("/", 1)[0] for path in task.files}
-    shadows = [name for name in sorted({*sys.stdlib_module_names, *RUNNER_MODULES}) if not name.startswith("__")]
-    top_level = [entry for name in shadows for entry in (name, f"{name}.py") if entry not in owned_top]
-    top_level += RUNNER_CONFIG
+    owned_top = sorted({path.split("/", 1)[0] for path in task.files})
+    shadows = {name for name in {*sys.stdlib_module_names, *RUNNER_MODULES} if not name.startswith("__")}
+    shadows |= {root.split("/", 1)[0] for root in roots}
     names = " -o ".join(f"-name {shlex.quote(n)}" for n in (*HIJACK_NAMES, *HIJACK_PATTERNS))
-    quoted = " ".join(shlex.quote(path) for path in [*roots, *top_level])
     return "\n".join([
         "chmod u+rwx . 2>/dev/null",
         f"for p in {' '.join(shlex.quote(r) for r in roots)}; do [ -d \"$p\" ] && ! [ -L \"$p\" ] "
         "&& chmod -R u+rwX -- \"$p\" 2>/dev/null; done" if roots else ":",
-        f"rm -rf -- {quoted} || exit 4",
+        f"rm -rf -- {' '.join(shlex.quote(p) for p in [*roots, *RUNNER_CONFIG])} || exit 4",
+        # An entry's module name is what precedes its first dot (`x.py`, `x.cpython-311-x86_64-linux-gnu.so`).
+        f"owned=' {' '.join(owned_top)} '; shadows=' {' '.join(sorted(shadows))} '",
+        "for f in * .[!.]*; do [ -e \"$f\" ] || [ -L \"$f\" ] || continue; case \"$owned\" in *\" $f \"*) continue ;; esac; "
+        "case \"$shadows\" in *\" ${f%%.*} \"*) rm -rf -- \"$f\" || exit 4 ;; esac; done",
         f"find . -path ./.git -prune -o \\( {names} \\) -prune -exec rm -rf -- {{}} + || exit 4",
         "exit 0",
     ])

@@ -309,6 +309,24 @@ def test_a_policy_that_shadows_unittest_gets_the_true_reward(local_backend, prox
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_a_policy_that_redirects_the_tests_package_gets_the_true_reward(local_backend, proxy, mode):
+    # tests/ has no __init__.py, so a module tests.py wins the import of `tests`; with a __path__ of its
+    # own, `tests.test_calc` and `tests.test_calc_hidden` are served from the policy's directory.
+    redirect = "import os\n__path__ = [os.path.join(os.path.dirname(__file__), 'forged')]\n"
+    plant = " && ".join([
+        "mkdir -p forged",
+        f"printf '%s' {_sh(PASSING_TEST)} > forged/test_calc.py",
+        f"printf '%s' {_sh(PASSING_TEST)} > forged/test_calc_hidden.py",
+        f"printf '%s' {_sh(redirect)} > tests.py",
+        "touch tests/test_calc_hidden.py",  # where the hidden file will be, so unittest takes the path as a file
+    ])
+    rollout, eval_step = _run(mode, [plant, OWN_EVAL])
+
+    _assert_true_failure(rollout, eval_step)
+    assert "test_two_and_two" in rollout.eval_output
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_a_policy_that_leaves_a_process_rewriting_the_tests_gets_the_true_reward(local_backend, proxy, mode):
     # Two detached watchdogs in their own sessions, deaf to every signal they can ignore, each keeping a
     # rewriter alive: the tests are restored while they run, and one survivor would put the forged tests back
@@ -368,9 +386,27 @@ def test_the_restored_files_come_from_the_task_row_with_the_hidden_ones():
     assert eval_integrity.protected_roots(task) == ["eval/h2.py", "tests", "tests/hidden.py"]
     assert eval_integrity.restored_files(task) == {"tests/a.py": "a", "conftest.py": "c", "tests/hidden.py": "h",
                                                    "eval/h2.py": "h2"}
-    script = eval_integrity.scrub_script(task)
-    assert "rm -rf -- eval/h2.py tests tests/hidden.py" in script
-    assert " pkg " not in script  # the task's own top-level package is never removed
+
+
+def test_the_scrub_removes_what_would_hijack_the_run_and_keeps_the_tasks_own_modules(local_backend):
+    from workers.sandboxes.base import SandboxSpec
+
+    task = _TaskRow(files={"calc.py": BUGGY, "tests/test_calc.py": "t", "conftest.py": "c", "pkg/x.py": "x",
+                           "html/__init__.py": "h", "README": "r"}, protected_paths=["tests/"], eval_files={})
+    handle = local_backend.create(SandboxSpec(name=f"scrub-{uuid.uuid4().hex[:8]}"))
+    planted = ["tests.py", "argparse.py", "argparse.cpython-311-x86_64-linux-gnu.so", "unittest/__init__.py",
+               "pytest.ini", "pyproject.toml", "sub/conftest.py", "sitecustomize.py", "__pycache__/calc.cpython-311.pyc",
+               "pkg/__pycache__/x.cpython-311.pyc", "tests/conftest.py", "tests/extra/test_forged.py",
+               "evil.pth", "notes.txt"]
+    for path in [*task.files, *planted]:
+        local_backend.write_file(handle, path, b"x")
+
+    scrubbed = local_backend.exec(handle, eval_integrity.prepare_command(task, kill=False))
+    left = local_backend.exec(handle, "find . -path ./.git -prune -o -type f -print | sort")
+
+    assert scrubbed.exit_code == 0, scrubbed.stderr
+    assert left.stdout.split() == ["./README", "./calc.py", "./evil.pth", "./html/__init__.py", "./notes.txt",
+                                   "./pkg/x.py"]
 
 
 def test_the_eval_prelude_drops_writable_path_entries_in_a_real_sandbox(writable_path_backend):
