@@ -57,7 +57,7 @@ def test_backlog_sizing_follows_the_rollouts_about_to_claim_within_min_and_max_w
     fleet = make_fleet(sizing=Fleet.Sizing.BACKLOG, min_warm=1, max_warm=5, max_total=10)
     assert warm_target(fleet) == 1
     job = job_create(task_set=make_task_set(["a", "b", "c"]), fleet=fleet, endpoint=make_endpoint(model_names=["m"]),
-                     model_name="m", samples_per_task=3, enqueue=Enqueued())
+                     model_name="m", samples_per_task=3, concurrency=9, enqueue=Enqueued())
     assert job.rollouts.count() == 9
     assert warm_target(fleet) == 5  # 9 queued, capped at max_warm
 
