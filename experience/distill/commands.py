@@ -1,9 +1,12 @@
 """What an action meant: the files it wrote, the tests it ran and whether they passed.
 
-Agents act through shell commands (`pytest -x tests/test_a.py`, `sed -i ... src/a.py`, heredocs), through
-SWE-agent's interface (`open`, `create`, `edit 4:4`, `str_replace_editor ...`) and through structured tool
-calls (`str_replace_editor`, `bash`). This module reads intent from that text alone; `rubric` adds what
-only the run's history knows (which file is open, which files the run created, what the output said).
+Agents act through shell commands (`pytest -x tests/test_a.py`, `sed -i ... src/a.py`, `cat > a.py <<EOF`,
+`tee`, `mv`, and Python that writes files: `python3 - <<'EOF' ... path.write_text(...)`, `python -c
+"open(...)"`), through SWE-agent's interface (`open`, `create`, `edit 4:4`, `str_replace_editor ...`) and
+through structured tool calls (`str_replace_editor`, `file_editor`, `bash`, `write` / `edit` tools,
+OpenHands' `run_ipython` with its editing helpers, a harness's own `run_tests`). This module reads intent
+from that text alone; `rubric` adds what only the run's history knows (which file is open, which files the
+run created, what the output said).
 
 Everything here is a heuristic over recorded text, tuned to be conservative: when unsure, a command is not
 a test run and not an edit.
@@ -19,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from experience.distill import shell
+from experience.distill import python_code, shell
 
 PATCH = "<patch>"  # a write whose files are inside a patch (`git apply`, `patch`): paths unknown
 
@@ -35,7 +38,7 @@ _CODE_EXTENSIONS = {
     ".yaml", ".yml", ".json",
 }  # fmt: skip
 
-ROLES = ("test", "repro", "source", "other")
+ROLES = ("test", "repro", "source", "other", "scratch")  # scratch: see rubric._classified
 
 
 @functools.lru_cache(maxsize=16384)
@@ -60,6 +63,21 @@ def path_role(path: str) -> str:
     if extension.lower() in _DOC_EXTENSIONS or stem.lower() in _DOC_NAMES:
         return "other"
     return "source"
+
+
+def named_like_test(name: str) -> bool:
+    """Whether a file's name (not its directory) says it is a test: test_*.py, *_test.go, conftest.py..."""
+    return _TEST_NAME.match(name) is not None
+
+
+_NAMED_FILE = re.compile(r"[\w./-]*\w\.[A-Za-z]\w{0,5}\b")
+
+
+def files_named_in(text: str) -> frozenset[str]:
+    """Basenames of the files a task's text names (`missing_colon.py`, "src/calc.py")."""
+    if not text:
+        return frozenset()
+    return frozenset(posixpath.basename(match) for match in _NAMED_FILE.findall(text[:20000]))
 
 
 def same_file(left: str, right: str) -> bool:
@@ -90,9 +108,10 @@ class FileWrite:
 class TestInvocation:
     """A test run the action starts.
 
-    `runner` names the tool (`pytest`, `unittest`, `django`, `tox`, `go`, ... or `script` for a file run
-    directly with an interpreter, whose path is `script`). `wide` means the whole suite (or a whole test
-    directory), not chosen files or a `-k` selection.
+    `runner` names the tool (`pytest`, `unittest`, `django`, `tox`, `go`, ..., `tool` for a harness's own
+    test tool, `script` for a file run directly with an interpreter, whose path is `script`, or `inline`
+    for inline Python that exercises the project: `python -c "from calc import f; f(1)"`). `wide` means
+    the whole suite (or a whole test directory), not chosen files or a `-k` selection.
     """
 
     runner: str
@@ -128,8 +147,23 @@ _EDITOR_TOOLS = {
     "edit_file",
 }
 _SHELL_TOOLS = {"bash", "execute_bash", "shell", "run", "run_command", "terminal", "execute_command", "exec"}
-_WRITE_TOOLS = {"write_file", "create_file", "write", "write_to_file"}
+_WRITE_TOOLS = {"write_file", "create_file", "write", "write_to_file", "edit", "multiedit", "multi_edit"}
 _PATCH_TOOLS = {"apply_patch", "patch"}
+_PYTHON_TOOLS = {"run_ipython", "ipython", "execute_ipython_cell", "python", "run_python"}
+_TEST_TOOLS = {"run_tests", "run_test", "test", "tests", "pytest"}
+# Arguments of a test tool that narrow it to some tests (anything else runs the suite).
+_TEST_TOOL_SELECTIONS = (
+    "path",
+    "paths",
+    "file",
+    "files",
+    "test",
+    "tests",
+    "test_name",
+    "k",
+    "pattern",
+    "selector",
+)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -162,6 +196,11 @@ def parse_tool_call(name: str, arguments: Mapping[str, Any] | str | None) -> Com
         return CommandIntent(writes=(FileWrite(str(path), created="create" in name),), editor=True)
     if name in _PATCH_TOOLS:
         return CommandIntent(writes=(FileWrite(PATCH),), editor=True)
+    if name in _PYTHON_TOOLS and isinstance(args.get("code"), str):
+        return _python_intent(args["code"], editor=True)  # its helpers report a refused edit
+    if name in _TEST_TOOLS:
+        selected = any(args.get(key) for key in _TEST_TOOL_SELECTIONS)
+        return CommandIntent(tests=(TestInvocation("tool", wide=not selected),))
     if name in {"open", "create"} | _ACI_EDITS:
         words = [name] + ([str(path)] if path else [])
         return _aci_intent(words) or NO_INTENT
@@ -219,34 +258,48 @@ _HEREDOC = re.compile(r"(?<!<)<<-?\s*(['\"]?)([A-Za-z_][\w-]*)\1")
 
 
 def _shell_intent(command: str) -> CommandIntent:
-    tokens = shell.split_words(_newlines_to_semicolons(_strip_heredocs(command)))
+    text, bodies = _take_heredocs(command)
+    tokens = shell.split_words(_newlines_to_semicolons(text))
     writes: list[FileWrite] = []
     tests: list[TestInvocation] = []
     piped = "|" in tokens or "|&" in tokens
     for segment in _segments(tokens):
-        inner = _segment_intent(segment)
+        inner = _segment_intent(segment, bodies)
         writes.extend(inner.writes)
         tests.extend(inner.tests)
         piped = piped or inner.piped
     return CommandIntent(writes=tuple(writes), tests=tuple(tests), piped=piped)
 
 
-def _strip_heredocs(command: str) -> str:
-    """Drop heredoc bodies: their text is file content, not commands."""
+_HEREDOC_MARKER = "TROVE_HEREDOC_"  # stands for a heredoc's body in the command line
+
+
+def _take_heredocs(command: str) -> tuple[str, list[str]]:
+    """The command without its heredoc bodies (their text is file content or a script's source, not
+    commands), each heredoc's delimiter replaced by a marker naming its body in the returned list, so
+    the command that reads it (`python3 - <<'EOF'`, `cat > a.py <<EOF`) can be told what it read."""
     if "<<" not in command:
-        return command  # no heredoc starts (the usual command): nothing to drop
+        return command, []  # no heredoc starts (the usual command): nothing to take
     kept: list[str] = []
+    bodies: list[str] = []
+    body: list[str] | None = None
     delimiter: str | None = None
     for line in command.split("\n"):
-        if delimiter is not None:
+        if delimiter is not None and body is not None:
             if line.strip() == delimiter:
-                delimiter = None
+                bodies.append("\n".join(body))
+                delimiter, body = None, None
+            else:
+                body.append(line)
             continue
-        kept.append(line)
         match = _HEREDOC.search(line)
         if match:
-            delimiter = match.group(2)
-    return "\n".join(kept)
+            delimiter, body = match.group(2), []
+            line = f"{line[: match.start()]}<< {_HEREDOC_MARKER}{len(bodies)}{line[match.end() :]}"
+        kept.append(line)
+    if body is not None:
+        bodies.append("\n".join(body))  # a body cut off by truncation: still the script's source
+    return "\n".join(kept), bodies
 
 
 def _newlines_to_semicolons(text: str) -> str:
@@ -286,23 +339,51 @@ def _segments(tokens: list[str]) -> list[list[str]]:
     return [segment for segment in segments if segment]
 
 
-def _segment_intent(segment: list[str]) -> CommandIntent:
-    args, writes = _take_redirects(segment)
+def _segment_intent(segment: list[str], heredocs: list[str]) -> CommandIntent:
+    args, writes, stdin = _take_redirects(segment, heredocs)
     args = _strip_prefixes(args)
     if not args:
         return CommandIntent(writes=tuple(writes))
     program = posixpath.basename(args[0])
-    if program in _SHELLS and "-c" in args[:-1]:
-        inner = _shell_intent(args[args.index("-c") + 1])  # bash -c "cd /repo && pytest"
+    if program in _SHELLS and ("-c" in args[:-1] or (stdin is not None and len(args) == 1)):
+        # bash -c "cd /repo && pytest", bash <<EOF ... EOF
+        script = args[args.index("-c") + 1] if "-c" in args[:-1] else stdin or ""
+        inner = _shell_intent(script)
         return CommandIntent(writes=tuple(writes) + inner.writes, tests=inner.tests, piped=inner.piped)
+    code = _inline_python(program, args, stdin)
+    if code is not None:
+        inner = _python_intent(code)
+        return CommandIntent(writes=tuple(writes) + inner.writes, tests=inner.tests)
     writes.extend(_program_writes(program, args))
     test = _test_invocation(program, args)
     return CommandIntent(writes=tuple(writes), tests=(test,) if test else ())
 
 
-def _take_redirects(segment: list[str]) -> tuple[list[str], list[FileWrite]]:
+def _inline_python(program: str, args: list[str], stdin: str | None) -> str | None:
+    """The source of Python run inline: `python -c CODE`, or a heredoc fed to `python` / `python -`."""
+    if not _PYTHON.match(program):
+        return None
+    if "-c" in args[1:-1]:
+        return args[args.index("-c") + 1]
+    rest = [arg for arg in args[1:] if arg not in ("-", "-u", "-B", "-q")]
+    return stdin if stdin is not None and not rest else None
+
+
+def _python_intent(code: str, *, editor: bool = False) -> CommandIntent:
+    """Files Python code writes, or else an inline reproduction when it calls the project's code (code
+    that writes files is an edit script, whatever it imports)."""
+    writes = tuple(FileWrite(w.path, created=w.created) for w in python_code.files_written(code))
+    reproduces = not writes and python_code.exercises_project(code)
+    tests = (TestInvocation("inline", wide=False),) if reproduces else ()
+    return CommandIntent(writes=writes, tests=tests, editor=editor and bool(writes))
+
+
+def _take_redirects(segment: list[str], heredocs: list[str]) -> tuple[list[str], list[FileWrite], str | None]:
+    """The segment's words without redirections, the files its redirections write, and the heredoc
+    body it reads on stdin (None when it reads none)."""
     args: list[str] = []
     writes: list[FileWrite] = []
+    stdin: str | None = None
     index = 0
     while index < len(segment):
         token = segment[index]
@@ -310,6 +391,9 @@ def _take_redirects(segment: list[str]) -> tuple[list[str], list[FileWrite]]:
             if args and args[-1].isdigit():
                 args.pop()  # the file descriptor of "2>"
             target = segment[index + 1] if index + 1 < len(segment) else ""
+            if token in ("<<", "<<-") and target.startswith(_HEREDOC_MARKER):
+                number = target[len(_HEREDOC_MARKER) :]
+                stdin = heredocs[int(number)] if number.isdigit() and int(number) < len(heredocs) else ""
             if token in _WRITE_REDIRECTS and _looks_like_code_file(target):
                 # "cat > check.py <<EOF" at the working directory's top is how shell-only agents write a
                 # scratch script; deeper paths are more likely the project's own files being rewritten.
@@ -319,7 +403,7 @@ def _take_redirects(segment: list[str]) -> tuple[list[str], list[FileWrite]]:
             continue
         args.append(token)
         index += 1
-    return args, writes
+    return args, writes, stdin
 
 
 def _looks_like_code_file(path: str) -> bool:
@@ -357,6 +441,9 @@ def _program_writes(program: str, args: list[str]) -> list[FileWrite]:
         return [FileWrite(PATCH)]
     if program == "git" and args[1:2] in (["checkout"], ["restore"]):
         return [FileWrite(arg) for arg in args[2:] if _looks_like_code_file(arg)]
+    if program in ("mv", "cp"):  # the destination changes; `cp a.py a.py.bak` makes no code file
+        operands = _positional(args[1:])
+        return [FileWrite(operands[-1])] if len(operands) >= 2 and _looks_like_code_file(operands[-1]) else []
     return []
 
 
@@ -544,7 +631,7 @@ _FAILURE_CHECKS = tuple(
 )
 _EDIT_REJECTED = re.compile(
     r"Your proposed edit has introduced new syntax error|No replacement was performed|did not appear "
-    r"verbatim|^Usage: |^No file open|^Error: |^ERROR: |already exists",
+    r"verbatim|No exact match found|^Usage: |^No file open|^\[?Error: |^\[?ERROR:|already exists",
     re.M,
 )
 _FILE_HEADER = re.compile(r"^\[File: (?P<path>.+?) \(\d+ lines total\)\]", re.M)

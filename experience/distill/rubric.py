@@ -6,20 +6,26 @@ written, with their role, and test runs, with their verdict. The detectors below
 `RubricState` and read one label each from it. Labels are cumulative and causal: the labels at step i use
 steps 0..i only, so they can be features of a value model at that step without leaking the future.
 
-File roles: `test` (test directories and test-named files), `repro` (reproduction-named files, and any new
-file the run created outside the tests: the scratch scripts agents write to reproduce an issue), `source`
-(other project files) and `other` (documentation). A run that adds a new module with `create` therefore
-counts it as a script, not a source edit; that is the price of reading roles from names alone.
+File roles: `test` (test directories and test-named files), `repro` (reproduction-named files: repro*,
+reproduce*, debug_*...), `source` (other project files), `other` (documentation) and `scratch` (a new file
+the run created that is named neither like a test nor like a reproduction: a CTF solver, a throwaway
+check; writing or running one is neither an edit nor a test run). A run that adds a new module with
+`create` therefore does not count it as a source edit; that is the price of reading roles from names
+alone. One exception reads the task: a file under a test directory that is not named like a test and
+that the task's instruction names (`missing_colon.py` in "I'm running `missing_colon.py`") is the code at
+issue, so writing it is a source edit.
 
-A test run is a test runner (pytest, unittest, Django's runtests.py / manage.py test, tox, go test, npm
-test...) or a test/repro file run directly with an interpreter. Running a project file (`python setup.py`)
-is not a test run. Verdicts come from the exit code when it was recorded and the command was not piped,
-else from failure markers in the output (see `commands.verdict`).
+A test run is a test runner (pytest, unittest, Django's runtests.py / manage.py test, tox, make test, go
+test, npm test, a harness's own test tool...), a test/repro file run directly with an interpreter, or
+inline Python that calls the project's code (`python -c "from calc import f; f(1)"`). Running a project
+file (`python setup.py`) is not a test run. Verdicts come from the exit code when it was recorded and the
+command was not piped, else from failure markers in the output (see `commands.verdict`).
 """
 
 from __future__ import annotations
 
 import functools
+import posixpath
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +34,9 @@ from experience.distill import commands
 from experience.distill.decisions import ACTION_KINDS, decision_points, model_tool_calls
 from experience.records import StepRecord, TrajectoryRecord
 
-RUBRIC_VERSION = "rubric-1"
+# rubric-2: Python that writes files (heredocs, -c, run_ipython helpers), mv / cp, harness test tools and
+# inline reproductions are read; unnamed new files are scratch, not reproductions; refused OpenHands edits.
+RUBRIC_VERSION = "rubric-2"
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,7 @@ class _Workspace:
 
     open_file: str | None = None
     created: dict[str, str] = field(default_factory=dict)  # path -> role
+    task_files: frozenset[str] = frozenset()  # basenames of the files the instruction names
 
     def role_of(self, path: str) -> str | None:
         for created_path, role in self.created.items():
@@ -90,7 +99,7 @@ class _Workspace:
 
 def step_events(record: TrajectoryRecord) -> list[StepEvents]:
     """Events of every step, aligned with `record.steps`."""
-    workspace = _Workspace()
+    workspace = _Workspace(task_files=commands.files_named_in(record.instruction))
     standalone = _StandaloneCalls(record)
     events: list[StepEvents] = []
     for index, step in enumerate(record.steps):
@@ -217,11 +226,18 @@ def _classified(target: commands.FileWrite, workspace: _Workspace) -> Write:
     if known is not None:
         return Write(target.path, known, created=True)
     named = commands.path_role(target.path)
+    if named == "test" and _named_by_task(target.path, workspace):
+        named = "source"  # the file the issue is about, though it lives under tests/
     if not target.created:
         return Write(target.path, named)
-    role = named if named in ("test", "other") else "repro"
+    role = "scratch" if named == "source" else named
     workspace.record_created(target.path, role)
     return Write(target.path, role, created=True)
+
+
+def _named_by_task(path: str, workspace: _Workspace) -> bool:
+    name = posixpath.basename(path)
+    return name in workspace.task_files and not commands.named_like_test(name)
 
 
 def _test_runs(

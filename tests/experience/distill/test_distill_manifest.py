@@ -5,6 +5,7 @@ from distill_factories import broken_fix, careful_fix, command, source_run
 
 from experience.distill.errors import EmptyDatasetError
 from experience.distill.manifest import ManifestBuilder
+from experience.distill.rubric import RUBRIC_VERSION
 from experience.distill.source import record_content_hash
 from experience.distill.spec import DatasetSpec
 from experience.distill.values import value_rows
@@ -49,7 +50,7 @@ def test_the_manifest_names_its_sources_exclusions_and_label_versions():
     assert "dup" not in manifest["source_trajectory_ids"]
     assert manifest["runs_offered"] == 25
     assert manifest["runs_excluded"] == {"duplicate": 1}
-    assert manifest["label_versions"]["rubric"] == "rubric-1"
+    assert manifest["label_versions"]["rubric"] == RUBRIC_VERSION == "rubric-2"
     assert manifest["label_versions"]["rubric_override"] == "x"
     assert manifest["curation_version"] == "curation-3"
     assert manifest["spec"] == DatasetSpec(kind="value", seed=5).to_dict()

@@ -96,18 +96,22 @@ def test_refused_interface_edits_do_not_count_as_edits():
     assert not labels["edited_source"]
 
 
-def test_running_a_project_file_is_not_a_test_run_but_running_a_created_script_is():
+def test_running_a_project_file_is_not_a_test_run_but_running_a_created_reproduction_is():
     created = run_labels(
         record(
             [
-                command("cat > check.py <<'EOF'\nimport dates\nEOF"),
-                command("python check.py", "ok"),
+                command("cat > reproduce_dates.py <<'EOF'\nimport dates\nEOF"),
+                command("python reproduce_dates.py", "ok"),
             ]
         )
+    )
+    scratch = run_labels(
+        record([command("cat > solve.py <<'EOF'\nprint(1)\nEOF"), command("python solve.py", "1")])
     )
     project = run_labels(record([command("python setup.py develop", "ok")]))
 
     assert created["wrote_repro_test"] and created["ran_repro_before_fix"]
+    assert not any(scratch.values())  # a new file named like neither a test nor a repro: scratch
     assert not project["ran_repro_before_fix"]
 
 
@@ -263,9 +267,11 @@ FIX_AND_VERIFY = {
     "reran_tests_after_edit",
     "verified_fix",
 }
-SCRIPTS = {"wrote_repro_test", "ran_repro_before_fix"}
-# The test repo keeps its buggy code in tests/missing_colon.py: by path it is a test file.
-TEST_FILE_ONLY = {"wrote_repro_test", "ran_repro_before_fix", "edited_only_tests"}
+# CTF solvers (decrypt.py, solve.py, exploit.py) are scratch files: neither reproductions nor source.
+SCRIPTS: set[str] = set()
+# The test repo keeps its buggy code in tests/missing_colon.py, which the issue names: the edit is a
+# source edit, and running the script (under tests/) after it is the passing rerun.
+TEST_FILE_ONLY = {"edited_source", "reran_tests_after_edit", "verified_fix"}
 EXPECTED = {
     "6e44b9__sweagenttestrepo-1c2844.traj": TEST_FILE_ONLY,
     "swe-agent__test-repo-i1.traj": TEST_FILE_ONLY,
@@ -278,7 +284,7 @@ EXPECTED = {
     "katy.traj": SCRIPTS,
     "warmup.traj": SCRIPTS,
     "rock.traj": SCRIPTS,
-    "i_got_id_demo.traj": {"wrote_repro_test"},  # wrote a script it uploaded but never ran
+    "i_got_id_demo.traj": set(),  # wrote a scratch script it uploaded
     "BabyTimeCapsule.traj": set(),
     "eps.traj": set(),
     "flash.traj": set(),
