@@ -7,10 +7,13 @@ from django.shortcuts import render
 
 from experience.errors import NotFound
 from experience.selectors import trajectory_get, trajectory_list, trajectory_timeline
+from experience.services.curation import curation_history
 from webapp.access.permissions import scope_required
 from webapp.dashboard import selectors
 from webapp.rollouts import selectors as rollout_selectors
 from webapp.rollouts.models import Rollout
+
+HISTORY_ROWS = 20  # a run's latest curation events on its page; the API lists them all
 
 
 @scope_required("jobs")
@@ -45,6 +48,8 @@ def trajectory_detail(request, trajectory_id: int):
         item.left_pct = 100 * (item.offset_ms or 0) / (span or 1)
         item.width_pct = max(0.4, 100 * item.width_ms / (span or 1))
     rollout = Rollout.objects.filter(trajectory=trajectory).select_related("job").first()
+    history = list(curation_history(trajectory_id=trajectory.pk)[: HISTORY_ROWS + 1])
     return render(request, "dashboard/trajectory.html", {
         "trajectory": trajectory, "timeline": timeline, "span_ms": span or 1, "rollout": rollout,
+        "history": history[:HISTORY_ROWS], "history_more": len(history) > HISTORY_ROWS,
     })
