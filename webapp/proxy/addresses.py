@@ -30,6 +30,9 @@ class AddressRefused(OSError):
 def address_refusal(address: str) -> str | None:
     """Why `address` (an IP literal) is not public ("loopback", "private", ...), or None when it is."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])  # an IPv6 zone ("fe80::1%eth0") is not part of it
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        reason = address_refusal(str(ip.ipv4_mapped))  # a socket to ::ffff:a.b.c.d talks to a.b.c.d
+        return None if reason is None else f"{reason} (inside {ip})"
     for inner in _embedded_ipv4(ip):
         reason = address_refusal(str(inner))
         if reason is not None:
@@ -41,7 +44,7 @@ def _embedded_ipv4(ip: IPAddress) -> list[ipaddress.IPv4Address]:
     if not isinstance(ip, ipaddress.IPv6Address):
         return []
     teredo = ip.teredo[1] if ip.teredo else None
-    return [inner for inner in (ip.ipv4_mapped, ip.sixtofour, teredo) if inner is not None]
+    return [inner for inner in (ip.sixtofour, teredo) if inner is not None]
 
 
 def _category(ip: IPAddress) -> str | None:

@@ -157,6 +157,7 @@ def test_only_the_headers_a_harness_needs_are_passed_on(harness: ProxyHarness):
     ("172.20.0.1", "private"), ("169.254.169.254", "link-local"), ("fe80::1%eth0", "link-local"),
     ("0.0.0.0", "unspecified"), ("100.64.0.1", "special-purpose"), ("224.0.0.1", "multicast"),
     ("::ffff:10.0.0.1", "private (inside ::ffff:a00:1)"), ("fc00::1", "private"),
+    ("2002:7f00:1::1", "loopback (inside 2002:7f00:1::1)"),
 ])
 def test_non_public_addresses_are_refused_with_their_reason(address, reason):
     assert address_refusal(address) == reason
@@ -165,7 +166,7 @@ def test_non_public_addresses_are_refused_with_their_reason(address, reason):
         guarded_socket((family, socket.SOCK_STREAM, 0, "", (address, 443)))
 
 
-@pytest.mark.parametrize("address", ["93.184.216.34", "2606:4700::1111", "1.1.1.1"])
+@pytest.mark.parametrize("address", ["93.184.216.34", "2606:4700::1111", "1.1.1.1", "::ffff:8.8.8.8"])
 def test_public_addresses_get_a_socket(address):
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     sock = guarded_socket((family, socket.SOCK_STREAM, 0, "", (address, 443)))
