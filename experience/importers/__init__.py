@@ -35,6 +35,7 @@ from typing import Protocol
 from experience.importers import (
     atif,
     claude_code,
+    codex,
     conversations,
     inspect,
     mini_swe_agent,
@@ -64,7 +65,7 @@ class Importer(Protocol):
 REGISTRY: dict[str, Importer] = {
     module.FORMAT: module  # type: ignore[misc]
     for module in (
-        trove, atif, inspect, mini_swe_agent, swe_agent, swe_agent_rows, openhands, claude_code, conversations,
+        trove, atif, inspect, mini_swe_agent, swe_agent, swe_agent_rows, openhands, claude_code, codex, conversations,
         openai_messages,
     )
 }
@@ -72,7 +73,7 @@ REGISTRY: dict[str, Importer] = {
 _EXPECTED = (
     "a Trove export (.jsonl), an ATIF trajectory (.json), an Inspect AI log (.json or .eval), a mini-swe-agent "
     "trajectory (.traj.json), a SWE-agent trajectory (.traj), SWE-agent dataset rows (JSON, JSONL or Parquet), "
-    "OpenHands output.jsonl or event-stream .json, a Claude Code session (.jsonl), "
+    "OpenHands output.jsonl or event-stream .json, a Claude Code session (.jsonl), a Codex CLI rollout (rollout-*.jsonl), "
     "OpenAI-format conversations as JSONL or as a JSON array (tau-bench trajectories)"
 )
 

@@ -20,9 +20,10 @@ payload["subagent_source_ref"]). Refs come from the session ids, so the same ses
 another folder is recognised. Parsing a session file also yields its subagents' runs; importing a subagent
 file on its own yields the same run.
 
-Real files hold what strict JSON refuses: redacted lines keep raw control characters (read with
-json's strict=False), Windows paths are only text here, and a session interrupted while Claude Code wrote
-it ends in a cut line, which is skipped and noted in metadata["cut_last_line"].
+Real files hold what strict JSON refuses: redacted lines keep raw control characters (read with json's
+strict=False); Windows paths are only text here; an interrupted session ends with tool calls no result
+answered and Claude Code's "[Request interrupted by user ...]" turn, both kept. A line cut short is still
+an error (the file is truncated), as in every format.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ class _Transcript:
 
 def _read(path: Path) -> _Transcript:
     transcript = _Transcript(path=path)
-    for number, line in _lines(path, transcript):
+    for number, line in _lines(path):
         loc = Location(path, line=number)
         if not isinstance(line, dict):
             raise loc.invalid(None, "each line must be a JSON object")
@@ -159,24 +160,22 @@ def _read(path: Path) -> _Transcript:
     return transcript
 
 
-def _lines(path: Path, transcript: _Transcript) -> Iterator[tuple[int, Any]]:
+def _lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """Like base.iter_jsonl, but raw control characters inside strings are accepted (redacted lines)."""
     with open(path, "rb") as handle:
-        lines = list(enumerate(handle, start=1))
-    for index, (number, raw) in enumerate(lines):
-        if not raw.strip():
-            continue
-        try:
-            yield number, loads_json(raw, strict=False)
-        except JsonTooDeep as exc:
-            raise Location(path, line=number).malformed(f"{exc} (refused: the limit guards the importer)") from None
-        except UnicodeDecodeError:
-            raise Location(path, line=number).malformed("not UTF-8 text (corrupted file?)") from None
-        except json.JSONDecodeError as exc:
-            if index == len(lines) - 1 and not raw.endswith(b"\n"):  # written while the session was cut off
-                transcript.meta["cut_last_line"] = number
-                return
-            raise Location(path, line=number).malformed(
-                f"invalid JSON at column {exc.colno}: {exc.msg} (corrupted?)") from None
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            loc = Location(path, line=number)
+            try:
+                yield number, loads_json(raw, strict=False)
+            except JsonTooDeep as exc:
+                raise loc.malformed(f"{exc} (refused: the limit guards the importer)") from None
+            except UnicodeDecodeError:
+                raise loc.malformed("not UTF-8 text (corrupted file?)") from None
+            except json.JSONDecodeError as exc:
+                hint = " (the file ends mid-line: truncated?)" if not raw.endswith(b"\n") else " (corrupted?)"
+                raise loc.malformed(f"invalid JSON at column {exc.colno}: {exc.msg}{hint}") from None
 
 
 def _read_line(transcript: _Transcript, line: dict[str, Any], loc: Location) -> None:

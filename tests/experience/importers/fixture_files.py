@@ -42,6 +42,8 @@ ATIF_SAMPLE = SAMPLES / "hello-world.trajectory.json"
 CONVERSATIONS = SAMPLES / "conversations.jsonl"
 TAU_BENCH = SAMPLES / "tau-bench" / "gpt-4o-airline.json"
 SWE_AGENT_ROWS = SAMPLES / "swe-agent-rows" / "nebius-rows.jsonl"
+CODEX_REAL = SAMPLES / "codex" / "rollout-2025-12-28T12-18-30-019b64e5-57fa-7463-b644-fba7e456f905.jsonl"
+CODEX_TOOLS = SAMPLES / "codex" / "rollout-tools.jsonl"
 CLAUDE_CODE = SAMPLES / "claude-code"
 CLAUDE_SESSION = CLAUDE_CODE / "-home-dev-calc" / "7f3c2a10-5b1e-4c2d-9a8f-0e6d4b3c2a11.jsonl"
 CLAUDE_SUBAGENT = CLAUDE_SESSION.with_suffix("") / "subagents" / "agent-a9e41c07.jsonl"
@@ -67,6 +69,8 @@ EXPECTED_FORMATS: dict[Path, str] = {
     CLAUDE_SESSION: "claude_code",
     CLAUDE_SUBAGENT: "claude_code",
     CLAUDE_WINDOWS: "claude_code",
+    CODEX_REAL: "codex",
+    CODEX_TOOLS: "codex",
 }
 ALL_FILES = list(EXPECTED_FORMATS)
 

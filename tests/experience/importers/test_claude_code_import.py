@@ -8,7 +8,9 @@ import json
 import shutil
 from pathlib import Path
 
-from experience.importers import detect_format, read_all
+import pytest
+
+from experience.importers import ImportFormatError, detect_format, read_all
 from importers.fixture_files import CLAUDE_SESSION, CLAUDE_SUBAGENT, CLAUDE_WINDOWS, raw_jsonl
 
 SESSION = "claude-code:7f3c2a10-5b1e-4c2d-9a8f-0e6d4b3c2a11"
@@ -85,13 +87,13 @@ def test_session_metadata_and_times() -> None:
 
 def test_control_characters_windows_paths_and_an_interrupted_end_are_read() -> None:
     raw = CLAUDE_WINDOWS.read_bytes()
-    assert b"\x07" in raw and not raw.endswith(b"\n")  # the sample holds what strict JSON refuses
+    assert b"\x07" in raw and b"\x1b" in raw  # the sample holds what strict JSON refuses
     [record] = read_all(CLAUDE_WINDOWS)
     first, second = [s for s in record.steps if s.kind == "command"]
     assert first.command == "dir C:\\Users\\dev\\proj\\src"
     assert first.output == "REDACTED\x07\x1b[31mtoken\x1b[0m main.py"
     assert second.output is None and second.payload["unanswered"] is True
-    assert record.metadata["cwd"] == "C:\\Users\\dev\\proj" and record.metadata["cut_last_line"] == 6
+    assert record.metadata["cwd"] == "C:\\Users\\dev\\proj"
     assert record.steps[-1].text == "[Request interrupted by user for tool use]"
 
 
@@ -100,3 +102,10 @@ def test_a_copy_under_another_folder_keeps_its_refs(tmp_path: Path) -> None:
     shutil.copytree(CLAUDE_SESSION.parent, copy.parent)
     assert detect_format(copy) == "claude_code"
     assert [r.source_ref for r in read_all(copy)] == [r.source_ref for r in read_all(CLAUDE_SESSION)]
+
+
+def test_a_line_cut_short_is_refused_naming_it(tmp_path: Path) -> None:
+    cut = tmp_path / CLAUDE_WINDOWS.name
+    cut.write_bytes(CLAUDE_WINDOWS.read_bytes() + b'{"parentUuid":"w-5","type":"assistant","message":{"id":"m')
+    with pytest.raises(ImportFormatError, match=r"line 6: invalid JSON .* truncated"):
+        read_all(cut)
