@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from experience.distill.decisions import decision_points
-from experience.distill.rubric import LABELS, rubric
+from experience.distill.rubric import LABELS, Rubric, rubric
 from experience.importers import iter_records
 from experience.records import TrajectoryRecord
 
@@ -59,10 +59,14 @@ def load_labelled_runs(labels_path: Path, locate: Callable[[str], Path]) -> Iter
         yield LabelledRun(file=file, index=row["index"], record=records[row["index"]], labels=labels)
 
 
-def detector_first_steps(record: TrajectoryRecord) -> dict[str, int | None]:
-    """The first step after which each detector reads True, or None when it never does."""
+Detect = Callable[[TrajectoryRecord], Rubric]
+
+
+def detector_first_steps(record: TrajectoryRecord, detect: Detect = rubric) -> dict[str, int | None]:
+    """The first step after which each detector reads True, or None when it never does. `detect` is
+    the rubric to score (another version's, for a baseline)."""
     first: dict[str, int | None] = dict.fromkeys(LABELS)
-    scored = rubric(record)
+    scored = detect(record)
     for index in range(len(record.steps)):
         for name, value in scored.labels_after(index).items():
             if value and first[name] is None:
@@ -107,10 +111,12 @@ class LabelScore:
         }
 
 
-def score(runs: Iterable[LabelledRun], *, exact: bool = False) -> dict[str, LabelScore]:
+def score(
+    runs: Iterable[LabelledRun], *, exact: bool = False, detect: Detect = rubric
+) -> dict[str, LabelScore]:
     scores = {name: LabelScore() for name in LABELS}
     for run in runs:
-        found = detector_first_steps(run.record)
+        found = detector_first_steps(run.record, detect)
         actions = action_of_steps(run.record)
         for name in LABELS:
             _score_one(scores[name], run, run.labels[name], found[name], actions, exact)
