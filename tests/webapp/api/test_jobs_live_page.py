@@ -46,7 +46,9 @@ def test_the_job_page_follows_the_job_until_it_ends(page, live_server):
     assert page.text_content("#success-rate") == "100%"
     assert "rollouts/min" in page.text_content("#throughput")
     budget_rows = page.locator("#budget tbody tr").all_inner_texts()
-    assert budget_rows[0].split("\t")[:4] == ["alpha", "2", "1", "1"]
+    assert budget_rows[0].split("\t")[:5] == ["alpha", "1", "1", "0", "1"]  # spent, queued, running, succeeded
+    assert page.text_content("#budget-spent") == "1 of 4 samples"
+    assert page.text_content("#running") == "0 of at most 4"
 
     for rollout in job.rollouts.filter(status=R.QUEUED):
         finish(rollout.pk, R.FAILED)
