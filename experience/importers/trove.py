@@ -13,6 +13,7 @@ from pathlib import Path
 
 from experience.exporters.trove_jsonl import FORMAT_MARKER, MARKER_KEY, record_from_dict
 from experience.importers.base import Location, iter_jsonl
+from experience.importers.fingerprint import FINGERPRINT_KEY
 from experience.records import TrajectoryRecord
 
 FORMAT = "trove"
@@ -35,7 +36,10 @@ def parse(path: Path, *, name: str | None = None) -> Iterator[TrajectoryRecord]:
 
 def _decode(obj: dict, loc: Location) -> TrajectoryRecord:
     try:
-        return record_from_dict(obj)
+        record = record_from_dict(obj)
+        # the store's content fingerprint, not the run's: the import service computes it again
+        record.metadata.pop(FINGERPRINT_KEY, None)
+        return record
     except KeyError as exc:
         raise loc.invalid(str(exc.args[0]), "missing") from None
     except (TypeError, ValueError) as exc:

@@ -10,6 +10,15 @@ rollouts keeps the claim in metadata["claimed_source"], see experience.services.
 Idempotent: a file whose bytes were imported before is reported as present without being parsed again, and
 within a file every run already stored (same source and source_ref) is skipped, so importing the same file
 again adds nothing.
+
+By content too (experience.importers.fingerprint, kept in metadata["content_fingerprint"]):
+- a new run whose content is already stored under another ref (the same file moved, renamed, or
+  re-serialised, say JSONL turned into a JSON array) is not written: the report lists it as a duplicate
+  of the stored run;
+- a run whose ref is stored but whose content or outcome differs (the file changed since) is reported as
+  changed, with what differs, and not written; with `replace=True` it is imported anew and the old run is
+  kept as history: its ref gets the suffix "~replaced-<id>", it is tagged "replaced", the two are linked
+  (metadata["replaced_by"] / ["replaces"]) and each gets a CurationEvent (import_replaced / import_replaces).
 """
 
 from __future__ import annotations
@@ -26,7 +35,8 @@ from django.db import transaction
 from experience.errors import TroveError
 from experience.importers import REGISTRY, detect_format, iter_records
 from experience.importers.errors import ImportFormatError
-from experience.models import Trajectory
+from experience.importers.fingerprint import FINGERPRINT_KEY, fingerprint
+from experience.models import CurationEvent, Trajectory
 from experience.records import TrajectoryRecord
 from experience.services.blobs import blobs_store
 from experience.services.ingest import trajectories_ingest_many
@@ -36,12 +46,16 @@ BATCH = 200  # runs per ingest call: bounds memory on a file of 10,000 runs
 ORIGINAL_MAX_BYTES = 256 * 1024 * 1024  # larger files are imported without keeping the original
 
 IMPORTED, PRESENT, INVALID, UNRECOGNISED = "imported", "present", "invalid", "unrecognised"
+CHANGED, DUPLICATE = "changed", "duplicate"
+REPLACED_TAG = "replaced"
 
 
 @dataclass
 class FileReport:
-    """What importing one file did. `status`: imported (at least one new run), present (every run was
-    already stored), invalid (nothing written; `error` says why), unrecognised (not a trajectory file)."""
+    """What importing one file did. `status`: imported (at least one new run), changed (no new run, and some
+    stored run's content differs from the file's: see `changed`), duplicate (its runs are stored under other
+    refs: see `duplicates`), present (every run was already stored), invalid (nothing written; `error` says
+    why), unrecognised (not a trajectory file). `replaced` counts runs re-imported with replace=True."""
 
     path: str
     status: str = ""
@@ -51,10 +65,19 @@ class FileReport:
     error: str = ""
     trajectory_ids: list[int] = field(default_factory=list)
     original_kept: bool = True
+    changed: list[dict] = field(default_factory=list)  # {source_ref, trajectory_id, differs}
+    duplicates: list[dict] = field(default_factory=list)  # {source_ref, duplicate_of}
+    replaced: int = 0
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in (
-            "path", "status", "format", "imported", "present", "error", "trajectory_ids", "original_kept")}
+            "path", "status", "format", "imported", "present", "error", "trajectory_ids", "original_kept",
+            "changed", "duplicates", "replaced")}
+
+    def settle(self) -> None:
+        """The status of a file whose runs were read without fault."""
+        self.status = (IMPORTED if self.imported else CHANGED if self.changed
+                       else DUPLICATE if self.duplicates and not self.present else PRESENT)
 
 
 @dataclass
@@ -76,10 +99,21 @@ class ImportReport:
     def failed(self) -> list[FileReport]:
         return [f for f in self.files if f.status in (INVALID, UNRECOGNISED)]
 
+    @property
+    def changed(self) -> int:
+        return sum(len(f.changed) for f in self.files)
+
+    @property
+    def duplicates(self) -> int:
+        return sum(len(f.duplicates) for f in self.files)
+
     def as_dict(self) -> dict:
         return {
             "imported": self.imported,
             "present": self.present,
+            "changed": self.changed,
+            "duplicates": self.duplicates,
+            "replaced": sum(f.replaced for f in self.files),
             "files_imported": self.count(IMPORTED),
             "files_present": self.count(PRESENT),
             "files_invalid": self.count(INVALID),
@@ -96,6 +130,7 @@ def trajectories_import_file(
     label: str | None = None,
     on_runs: Callable[[int], None] | None = None,
     success_threshold: float | None = None,
+    replace: bool = False,
 ) -> FileReport:
     """Import every run of one file, or none of them. Never raises for a bad file: the report says why.
 
@@ -103,7 +138,8 @@ def trajectories_import_file(
     file's name inside each run's source_ref (see experience.importers); `label` how the report names the
     file (default: the path); `on_runs(n)` is called as runs are stored, for progress bars;
     `success_threshold` the reward at or above which a run without a verdict succeeded (see
-    experience.importers.outcomes: without it only 0/1 rewards decide).
+    experience.importers.outcomes: without it only 0/1 rewards decide); `replace` re-imports runs whose
+    content changed, keeping the old ones as history (module docstring).
     """
     path = Path(path)
     report = FileReport(path=label or str(path))
@@ -120,12 +156,12 @@ def trajectories_import_file(
         return report
     try:
         _import_runs(path, report, name=name, digest=digest, original=original, on_runs=on_runs,
-                     success_threshold=success_threshold)
+                     success_threshold=success_threshold, replace=replace)
     except TroveError as error:
         report.status, report.error, report.imported, report.present = INVALID, error.message, 0, 0
-        report.trajectory_ids = []
+        report.trajectory_ids, report.changed, report.duplicates, report.replaced = [], [], [], 0
         return report
-    report.status = IMPORTED if report.imported else PRESENT
+    report.settle()
     return report
 
 
@@ -151,7 +187,7 @@ def _original(path: Path) -> tuple[str, bytes | None]:
 
 def _import_runs(
     path: Path, report: FileReport, *, name: str | None, digest: str, original: bytes | None,
-    on_runs: Callable[[int], None] | None, success_threshold: float | None = None,
+    on_runs: Callable[[int], None] | None, success_threshold: float | None = None, replace: bool = False,
 ) -> None:
     # One transaction for the whole file: iter_records raises late for a fault late in the file (its
     # contract), and that error must take the runs already written with it.
@@ -160,12 +196,14 @@ def _import_runs(
             blobs_store({digest: original})
         index = 0
         # Every run read from a file is an import, whatever the file claims (provenance.as_import).
-        for batch in _batches(map(as_import, iter_records(path, report.format, name=name,
-                                                           success_threshold=success_threshold))):
+        records = map(_fingerprinted, map(as_import, iter_records(path, report.format, name=name,
+                                                                  success_threshold=success_threshold)))
+        for batch in _batches(records):
+            fresh, retired = _sort_batch(batch, report, replace=replace, file=report.path)
             outcomes = trajectories_ingest_many(
-                records=batch, original_blob=digest if original is not None else "",
+                records=fresh, original_blob=digest if original is not None else "",
                 field_prefix="record {index}: ", index_offset=index,
-            )
+            ) if fresh else []
             index += len(batch)
             for outcome in outcomes:
                 report.trajectory_ids.append(outcome.trajectory_id)
@@ -173,8 +211,112 @@ def _import_runs(
                     report.imported += 1
                 else:
                     report.present += 1
+            _link_replacements(retired, {o.source_ref: o.trajectory_id for o in outcomes}, file=report.path)
+            report.replaced += len(retired)
             if on_runs:
                 on_runs(len(batch))
+
+
+def _fingerprinted(record: TrajectoryRecord) -> TrajectoryRecord:
+    record.metadata = {**record.metadata, FINGERPRINT_KEY: fingerprint(record)}
+    return record
+
+
+@dataclass
+class _Stored:
+    id: int
+    source_ref: str
+    fingerprint: str | None
+    reward: float | None
+    success: bool | None
+    n_steps: int
+
+
+def _sort_batch(
+    batch: list[TrajectoryRecord], report: FileReport, *, replace: bool, file: str
+) -> tuple[list[TrajectoryRecord], list[_Stored]]:
+    """The records to write, and the stored runs they replace. Records already stored unchanged stay in the
+    list (ingest counts them as present); changed ones are reported (or their old run retired, with
+    `replace`); duplicates by content are reported and left out."""
+    by_ref = _stored(Trajectory.objects.filter(source="import", source_ref__in={r.source_ref for r in batch}))
+    unknown = [r for r in batch if r.source_ref not in by_ref]
+    by_content = _stored_by_content(unknown)
+    fresh, retired = [], []
+    for record in batch:
+        stored = by_ref.get(record.source_ref)
+        if stored is None:
+            twin = by_content.get(record.metadata[FINGERPRINT_KEY])
+            if twin is not None:
+                report.duplicates.append({"source_ref": record.source_ref, "duplicate_of": twin.id,
+                                          "stored_ref": twin.source_ref})
+                continue
+        elif differs := _differences(stored, record):
+            if not replace:
+                report.changed.append({"source_ref": record.source_ref, "trajectory_id": stored.id,
+                                       "differs": differs})
+                continue
+            _retire(stored, reason=f"re-imported from {file} with replace: {differs}")
+            retired.append(stored)
+        fresh.append(record)
+    return fresh, retired
+
+
+def _stored(queryset) -> dict[str, _Stored]:
+    rows = queryset.values_list("id", "source_ref", f"metadata__{FINGERPRINT_KEY}", "reward", "success", "n_steps")
+    return {row[1]: _Stored(*row) for row in rows}
+
+
+def _stored_by_content(records: list[TrajectoryRecord]) -> dict[str, _Stored]:
+    """Stored imports with the fingerprints of `records`, by fingerprint. The task key (indexed) narrows the
+    search: the fingerprint covers it, so a twin has the same task key."""
+    if not records:
+        return {}
+    prints = {r.metadata[FINGERPRINT_KEY] for r in records}
+    queryset = Trajectory.objects.filter(source="import", task_key__in={r.task_key for r in records},
+                                         **{f"metadata__{FINGERPRINT_KEY}__in": prints}).order_by("id")
+    found: dict[str, _Stored] = {}
+    for stored in _stored(queryset).values():
+        found.setdefault(stored.fingerprint or "", stored)
+    return found
+
+
+def _differences(stored: _Stored, record: TrajectoryRecord) -> str:
+    """What differs between a stored run and the file's version of it, or "" when nothing does."""
+    differs = []
+    if stored.n_steps != len(record.steps):
+        differs.append(f"steps {stored.n_steps} -> {len(record.steps)}")
+    elif stored.fingerprint is not None and stored.fingerprint != record.metadata[FINGERPRINT_KEY]:
+        differs.append("step content")
+    if stored.reward != record.reward:
+        differs.append(f"reward {stored.reward} -> {record.reward}")
+    if stored.success != record.success:
+        differs.append(f"success {stored.success} -> {record.success}")
+    return ", ".join(differs)
+
+
+def _retire(stored: _Stored, *, reason: str) -> None:
+    """Move a replaced run out of its ref (kept, tagged) so the new version can take it."""
+    old_ref = f"{stored.source_ref}~replaced-{stored.id}"
+    Trajectory.objects.filter(pk=stored.id).update(source_ref=old_ref[-512:])
+    trajectory = Trajectory.objects.get(pk=stored.id)
+    trajectory.tags = [*trajectory.tags, REPLACED_TAG] if REPLACED_TAG not in trajectory.tags else trajectory.tags
+    trajectory.save(update_fields=["tags", "updated_at"])
+    CurationEvent.objects.create(trajectory_id=stored.id, action="import_replaced", reason=reason,
+                                 before={"source_ref": stored.source_ref}, after={"source_ref": old_ref[-512:]})
+
+
+def _link_replacements(retired: list[_Stored], new_ids: dict[str, int], *, file: str) -> None:
+    for stored in retired:
+        new_id = new_ids[stored.source_ref]
+        old = Trajectory.objects.get(pk=stored.id)
+        old.metadata = {**old.metadata, "replaced_by": new_id}
+        old.save(update_fields=["metadata", "updated_at"])
+        new = Trajectory.objects.get(pk=new_id)
+        new.metadata = {**new.metadata, "replaces": stored.id}
+        new.save(update_fields=["metadata", "updated_at"])
+        CurationEvent.objects.create(trajectory_id=new_id, action="import_replaces",
+                                     reason=f"re-imported from {file} with replace", before={},
+                                     after={"replaces": stored.id})
 
 
 def _batches(records: Iterator[TrajectoryRecord]) -> Iterator[list[TrajectoryRecord]]:
@@ -189,6 +331,7 @@ def trajectories_import_path(
     on_file: Callable[[FileReport], None] | None = None,
     on_runs: Callable[[int], None] | None = None,
     success_threshold: float | None = None,
+    replace: bool = False,
 ) -> ImportReport:
     """Import a file, or every file under a directory (recursively, in name order, hidden files skipped).
 
@@ -202,7 +345,7 @@ def trajectories_import_path(
         return report
     for file, name in trajectory_files(root):
         item = trajectories_import_file(path=file, format=format, name=name, on_runs=on_runs,
-                                        success_threshold=success_threshold)
+                                        success_threshold=success_threshold, replace=replace)
         report.files.append(item)
         if on_file:
             on_file(item)

@@ -102,7 +102,9 @@ def test_importing_an_outcome_report_again_never_changes_the_stored_outcome(tmp_
     trajectories_import_file(path=first)
     report = trajectories_import_file(path=second)
 
-    assert (report.status, report.present) == ("present", 1)
+    # reported as changed (issue 17), and still not written without --replace
+    assert (report.status, report.present, len(report.changed)) == ("changed", 0, 1)
+    assert report.changed[0]["differs"].endswith("reward 1.0 -> 0.0, success True -> False")
     assert list(Trajectory.objects.values_list("reward", "success")) == [(1.0, True)]
     assert not CurationEvent.objects.exists()
 
