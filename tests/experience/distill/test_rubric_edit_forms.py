@@ -146,6 +146,7 @@ def observation(text: str) -> StepRecord:
         "ERROR:\nNo replacement was performed, old_str `x` did not appear verbatim in /w/src/a.c.",
         "[No exact match found in /w/src/App.tsx for\n```\nx\n```\n]",
         "[Your proposed edit has introduced new syntax error(s). Please understand the errors and retry your edit command.]",
+        "<tool_use_error>String to replace not found in file.\nString: x</tool_use_error>",  # Claude Code's Edit
     ],
 )
 def test_edits_the_tool_refused_are_not_edits(refusal):
