@@ -1,4 +1,5 @@
-"""The job page's live feed: one JSON snapshot of a job, polled by webapp/static/trove/job.js every 2 s.
+"""The job page's live feed: one JSON snapshot of a job, polled by webapp/static/trove/job.js every 2 s. The
+page itself is rendered from the same snapshot (job_snapshot), so it opens with the figures the feed gives.
 
 Three queries whatever the job's size (the job, its rollouts as tuples, its tasks' keys). A DRF view, so the
 page's session and a program's token both work, and a missing job is a JSON 404, not a login redirect.
@@ -24,8 +25,13 @@ RATE_WINDOW = timedelta(minutes=5)  # throughput is measured over the last few m
 
 def job_live(*, job_id: int, now: datetime | None = None) -> dict:
     """Progress, the tasks x samples grid, success rate, throughput, ETA and the per-task budget of a job."""
+    return job_snapshot(job=selectors.job_get(job_id=job_id), now=now)
+
+
+def job_snapshot(*, job: RolloutJob, now: datetime | None = None) -> dict:
+    """job_live for a job already read. Every figure comes from one read of its rollouts, so the page
+    rendered from it and the feed polled after it count the same way, and never disagree with each other."""
     now = now or timezone.now()
-    job = selectors.job_get(job_id=job_id)
     rows = list(Rollout.objects.filter(job_id=job.pk).order_by("task_id", "sample_index")
                 .values_list("task_id", "sample_index", "status", "trajectory_id", "finished_at", "started_at"))
     tasks = {pk: (key, difficulty) for pk, key, difficulty in
@@ -74,8 +80,11 @@ def _grid(rows: list[tuple], tasks: dict[int, tuple[str, str]]) -> list[dict]:
     grid: dict[int, dict] = {}
     for task_id, sample_index, status, trajectory_id, *_ in rows:
         key, difficulty = tasks.get(task_id, (str(task_id), ""))
-        row = grid.setdefault(task_id, {"task": key, "difficulty": difficulty, "cells": []})
+        row = grid.setdefault(task_id, {"task": key, "difficulty": difficulty, "cells": [], "succeeded": 0,
+                                        "finished": 0})
         row["cells"].append([sample_index, status, trajectory_id])
+        row["succeeded"] += status == Rollout.Status.SUCCEEDED
+        row["finished"] += status in Rollout.FINISHED
     return sorted(grid.values(), key=lambda row: row["task"])
 
 

@@ -8,9 +8,7 @@ from django.db.models import Count
 
 from webapp.fleets.models import Fleet, Sandbox
 from webapp.rollouts import selectors as rollout_selectors
-from webapp.rollouts.models import Rollout, RolloutJob
-
-FINISHED = list(Rollout.FINISHED)
+from webapp.rollouts.models import RolloutJob
 
 
 def fleets_overview() -> list[dict]:
@@ -29,15 +27,3 @@ def jobs_overview(*, limit: int = 20) -> list[RolloutJob]:
     for job in jobs:
         job.progress = progress[job.pk]  # type: ignore[attr-defined]
     return jobs
-
-
-def job_grid(*, job: RolloutJob) -> list[dict]:
-    """Rows of the tasks x samples grid: one row per task, one cell per sample."""
-    rollouts = job.rollouts.select_related("task").order_by("task__key", "sample_index")
-    rows: dict[int, dict] = {}
-    for rollout in rollouts:
-        row = rows.setdefault(rollout.task_id, {"task": rollout.task, "cells": [], "succeeded": 0, "finished": 0})
-        row["cells"].append(rollout)
-        row["finished"] += rollout.status in FINISHED
-        row["succeeded"] += rollout.status == Rollout.Status.SUCCEEDED
-    return list(rows.values())

@@ -10,6 +10,7 @@ from experience.selectors import trajectory_get, trajectory_list, trajectory_tim
 from experience.services.curation import curation_history
 from webapp.access.permissions import scope_required
 from webapp.dashboard import selectors
+from webapp.dashboard.live import job_snapshot
 from webapp.rollouts import selectors as rollout_selectors
 from webapp.rollouts.models import Rollout
 
@@ -28,11 +29,12 @@ def overview(request):
 @scope_required("jobs")
 def job_detail(request, job_id: int):
     try:
-        job = rollout_selectors.job_detail(job_id=job_id)  # progress and budget counted as the API counts them
+        job = rollout_selectors.job_get(job_id=job_id)
     except NotFound as error:
         raise Http404(str(error)) from None
+    snapshot = job_snapshot(job=job)  # the live feed's figures, from one read of the job's rollouts
     return render(request, "dashboard/job.html", {
-        "job": job, "progress": job.progress, "budget": job.budget, "grid": selectors.job_grid(job=job),
+        "job": job, "progress": snapshot["progress"], "budget": snapshot["budget"], "grid": snapshot["grid"],
     })
 
 

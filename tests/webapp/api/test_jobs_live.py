@@ -33,8 +33,10 @@ def test_the_snapshot_has_the_grid_the_success_rate_and_the_budget(researcher):
     assert snap["job"] == {"id": job.pk, "status": "running", "sampling": "uniform", "concurrency": 4, "open": True}
     assert (snap["progress"]["finished"], snap["progress"]["total"], snap["progress"]["success_rate"]) == (2, 4, 0.5)
     assert snap["grid"] == [
-        {"task": "a-task", "difficulty": "", "cells": [[0, "succeeded", None], [1, "queued", None]]},
-        {"task": "b-task", "difficulty": "", "cells": [[0, "queued", None], [1, "failed", None]]},
+        {"task": "a-task", "difficulty": "", "cells": [[0, "succeeded", None], [1, "queued", None]],
+         "succeeded": 1, "finished": 1},
+        {"task": "b-task", "difficulty": "", "cells": [[0, "queued", None], [1, "failed", None]],
+         "succeeded": 0, "finished": 1},
     ]
     assert [(t["task"], t["spent"], t["queued"], t["succeeded"], t["failed"], t["stopped_because"])
             for t in snap["budget"]["per_task"]] == [("a-task", 1, 1, 1, 0, None), ("b-task", 1, 1, 0, 1, None)]

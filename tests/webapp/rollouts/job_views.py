@@ -6,7 +6,9 @@ Pages are read as served (server-rendered HTML), by the ids and classes the temp
 from __future__ import annotations
 
 import html
+import json
 import re
+from urllib.parse import parse_qs, urlsplit
 
 from experience.models import Step, Trajectory
 from webapp.rollouts.models import Rollout, RolloutJob
@@ -100,8 +102,8 @@ def job_disagreements(client, job: RolloutJob) -> list[str]:
 def run_views(client, trajectory_id: int) -> dict[str, dict]:
     """A run's step and model-call counts as its page summarises them, as its page lists them, as the API
     gives them, and as the rows are."""
-    page = html.unescape(client.get(f"/trajectories/{trajectory_id}/").content.decode())
-    listed = re.findall(r'<li class="step kind-([a-z_]+)', page)
+    raw = client.get(f"/trajectories/{trajectory_id}/").content.decode()
+    page, listed = html.unescape(raw), _listed_kinds(client, raw)
     api = client.get(f"/api/v1/trajectories/{trajectory_id}/").json()
     kinds = list(Step.objects.filter(trajectory_id=trajectory_id).values_list("kind", flat=True))
     stored = Trajectory.objects.get(pk=trajectory_id)
@@ -113,3 +115,27 @@ def run_views(client, trajectory_id: int) -> dict[str, dict]:
         "trajectory row": {"steps": stored.n_steps, "model_calls": stored.n_model_calls},
         "step rows": {"steps": len(kinds), "model_calls": kinds.count("model_call")},
     }
+
+
+def _listed_kinds(client, page: str) -> list[str]:
+    """The kinds of the steps the run page lists: rendered in it, or (a page that draws its steps itself)
+    the steps it embeds and then those it fetches from its steps API as the reader scrolls, to the end."""
+    rendered = re.findall(r'<li class="step kind-([a-z_]+)', page)
+    config = re.search(r'<script id="run-config" type="application/json">(.*?)</script>', page, re.S)
+    if rendered or config is None:
+        return rendered
+    run = json.loads(config.group(1))
+    kinds = [view["kind"] for view in run["first"]]
+    url = re.search(r'data-steps-api="([^"]+)"', page).group(1)
+    after = run["next_after"]
+    while after is not None:
+        body = client.get(url, {"after": after}).json()
+        kinds += [step["kind"] for step in body["results"]]
+        after = _after(body["next"])
+    return kinds
+
+
+def _after(next_url: str | None) -> int | None:
+    if not next_url:
+        return None
+    return int(parse_qs(urlsplit(next_url).query)["after"][0])
