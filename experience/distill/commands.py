@@ -70,14 +70,14 @@ def named_like_test(name: str) -> bool:
     return _TEST_NAME.match(name) is not None
 
 
-_NAMED_FILE = re.compile(r"[\w./-]*\w\.[A-Za-z]\w{0,5}\b")
+_WORD = re.compile(r"[\w./-]+")
 
 
 def files_named_in(text: str) -> frozenset[str]:
-    """Basenames of the files a task's text names (`missing_colon.py`, "src/calc.py")."""
-    if not text:
-        return frozenset()
-    return frozenset(posixpath.basename(match) for match in _NAMED_FILE.findall(text[:20000]))
+    """Basenames of the files a task's text names (`missing_colon.py`, "src/calc.py"): words with an
+    extension."""
+    names = (posixpath.basename(word.rstrip(".")) for word in _WORD.findall(text[:20000]))
+    return frozenset(name for name in names if posixpath.splitext(name)[1][1:].isalnum())
 
 
 def same_file(left: str, right: str) -> bool:

@@ -85,7 +85,12 @@ class _Workspace:
 
     open_file: str | None = None
     created: dict[str, str] = field(default_factory=dict)  # path -> role
-    task_files: frozenset[str] = frozenset()  # basenames of the files the instruction names
+    instruction: str = ""
+
+    @functools.cached_property
+    def task_files(self) -> frozenset[str]:
+        """Basenames of the files the instruction names: read only when a run writes under tests/."""
+        return commands.files_named_in(self.instruction)
 
     def role_of(self, path: str) -> str | None:
         for created_path, role in self.created.items():
@@ -99,7 +104,7 @@ class _Workspace:
 
 def step_events(record: TrajectoryRecord) -> list[StepEvents]:
     """Events of every step, aligned with `record.steps`."""
-    workspace = _Workspace(task_files=commands.files_named_in(record.instruction))
+    workspace = _Workspace(instruction=record.instruction)
     standalone = _StandaloneCalls(record)
     events: list[StepEvents] = []
     for index, step in enumerate(record.steps):
