@@ -631,7 +631,8 @@ _FAILURE_CHECKS = tuple(
 )
 _EDIT_REJECTED = re.compile(
     r"Your proposed edit has introduced new syntax error|No replacement was performed|did not appear "
-    r"verbatim|No exact match found|String to replace not found|<tool_use_error>|^Usage: |^No file open|^\[?Error: |^\[?ERROR:|already exists",
+    r"verbatim|No exact match found|String to replace not found|<tool_use_error>|^Usage: |^No file open|"
+    r"^\[?Error: |^\[?ERROR:|already exists",
     re.M,
 )
 _FILE_HEADER = re.compile(r"^\[File: (?P<path>.+?) \(\d+ lines total\)\]", re.M)
