@@ -310,8 +310,8 @@ class RubricState:
 
 
 def wrote_repro_test(state: RubricState) -> bool:
-    """Wrote a test or reproduction: created a test or repro script (any new file outside the project's
-    sources counts as a script), or wrote into a test file."""
+    """Wrote a test or reproduction: created a test or a reproduction-named script (other new files are
+    scratch), or wrote into a test file."""
     return state.wrote_test_or_repro
 
 
