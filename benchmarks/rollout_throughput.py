@@ -11,31 +11,40 @@ created on demand by each rollout: a cold claim). One uniform job of `--rollouts
 tasks x 20 samples by default), with the built-in harness, submitted through `job_create` and enqueued after
 commit, exactly as the API does.
 
-Where the time goes, per rollout, from the runner's own clock (Rollout.timings): `model_ms` in model calls
-(through the proxy), `sandbox_ms` in the sandbox (the cold create, workspace setup, the agent's commands,
-the release that destroys the sandbox), `eval_ms` in the evaluation command, `total_ms` from the start of
-`rollout_run` to the rollout's final write.
+Where the time goes, per rollout, from the runner's own clock (Rollout.timings, workers/rollout_runner.py):
+`model_ms` in model calls (through the proxy), `sandbox_ms` the commands' own run time (setup, the agent's
+commands, the diff, the evaluation's preparation) and `eval_ms` the evaluation command's, both as the agent
+measured them inside the sandbox (ExecResult.duration_ms), `total_ms` from the start of `rollout_run` to the
+rollout's final write.
 
-scheduling_overhead_ms_per_rollout = runner_overhead_ms + dispatch_idle_ms, where
-- runner_overhead_ms is the mean over rollouts of total_ms - model_ms - sandbox_ms - eval_ms: the database
-  work of the runner (claiming the rollout and the lease, opening the trajectory, recording steps, fencing
-  and logging each exec, finishing), waiting for the proxy's records, and harness bookkeeping;
+trove_overhead_ms_per_rollout = runner_overhead_ms + dispatch_idle_ms: everything that is not the model, the
+commands' own run time or the evaluation, where
+- runner_overhead_ms is the mean over rollouts of total_ms - model_ms - sandbox_ms - eval_ms. It is given
+  apart in three parts: exec_round_trip_ms (each exec's wall time past the command's own: the fence check,
+  the exec log, the agent protocol), sandbox_lifecycle_ms (the cold claim that creates the single-use
+  sandbox and the release that destroys it: bubblewrap, the agent's start, the rows' transitions) and
+  bookkeeping_ms (the rest: claiming the rollout and the lease, opening the trajectory, writing files into
+  the sandbox, recording steps, waiting for the proxy's records, finishing);
 - dispatch_idle_ms is the worker-slot time lost between rollouts while work was waiting: integrated over the
   span from the job's creation to the last rollout's start (every rollout is queued from the start, so the
   queue is never empty then), the number of idle slots (slots minus rollouts between started_at and
   finished_at), divided by the number of rollouts. It covers Celery's delivery, the task's start and end,
   the ack, and the claim of the rollout row; queue wait while every slot was busy is not overhead and is not
   counted.
-Target: scheduling_overhead_ms_per_rollout under 50.
+Target: trove_overhead_ms_per_rollout under 50. overhead_without_lifecycle_ms (the same less
+sandbox_lifecycle_ms) is beside it: a warm fleet takes the create off the rollout's path, and
+benchmarks/sandbox_lifecycle.py measures create and destroy on their own.
 
 queries_per_rollout: the database queries the runner makes for one rollout (its own thread, not the
 proxy's writer or the heartbeat thread), counted on `--query-sample` rollouts run in this process after the
 job, with the same proxy and model.
 
 The last line printed is one JSON object: rollouts, seconds, rollouts_per_s, slots,
-scheduling_overhead_ms_per_rollout, runner_overhead_ms, dispatch_idle_ms, model_ms, sandbox_ms, eval_ms,
-total_ms (means per rollout), statuses, success_rate, queries_per_rollout, query_ms_per_rollout,
-load_avg.
+trove_overhead_ms_per_rollout, overhead_without_lifecycle_ms, runner_overhead_ms, runner_overhead_p50_ms,
+exec_round_trip_ms, sandbox_lifecycle_ms, bookkeeping_ms, dispatch_idle_ms, model_ms, sandbox_ms, eval_ms,
+total_ms (means per rollout), statuses, success_rate, queries_per_rollout, query_ms_per_rollout, load_avg.
+
+    quick: .venv/bin/python benchmarks/rollout_throughput.py --rollouts 40 --query-sample 1
 """
 
 from __future__ import annotations
@@ -187,6 +196,8 @@ def summarise(job, seconds: float, *, slots: int) -> dict:
     timings = [r.timings for r in rollouts if r.timings.get("total_ms")]
     overhead = [t["total_ms"] - t["model_ms"] - t["sandbox_ms"] - t["eval_ms"] for t in timings]
     runner_overhead = statistics.fmean(overhead)
+    round_trips = statistics.fmean(t["exec_wall_ms"] - t["sandbox_ms"] - t["eval_ms"] for t in timings)
+    lifecycle = statistics.fmean(t["sandbox_lifecycle_ms"] for t in timings)
     idle = dispatch_idle_ms(job.created_at, rollouts, slots) / len(rollouts)
     statuses: dict[str, int] = {}
     for rollout in rollouts:
@@ -196,9 +207,13 @@ def summarise(job, seconds: float, *, slots: int) -> dict:
         "seconds": round(seconds, 2),
         "rollouts_per_s": round(len(rollouts) / seconds, 3),
         "slots": slots,
-        "scheduling_overhead_ms_per_rollout": round(runner_overhead + idle, 1),
+        "trove_overhead_ms_per_rollout": round(runner_overhead + idle, 1),
+        "overhead_without_lifecycle_ms": round(runner_overhead + idle - lifecycle, 1),
         "runner_overhead_ms": round(runner_overhead, 1),
         "runner_overhead_p50_ms": round(statistics.median(overhead), 1),
+        "exec_round_trip_ms": round(round_trips, 1),
+        "sandbox_lifecycle_ms": round(lifecycle, 1),
+        "bookkeeping_ms": round(runner_overhead - round_trips - lifecycle, 1),
         "dispatch_idle_ms": round(idle, 1),
         **{key: round(statistics.fmean(t[key] for t in timings), 1)
            for key in ("model_ms", "sandbox_ms", "eval_ms", "total_ms")},

@@ -18,8 +18,12 @@ running rollout's page shows its calls and the runner's wait for them, just befo
 trajectory, rarely waits at all.
 
 Timings (Rollout.timings): `total_ms` runs from the call of rollout_run to the rollout's final write,
-`model_ms` is time in model calls, `sandbox_ms` time in the sandbox (a cold create, workspace setup, harness
-commands, the release of the lease), `eval_ms` the evaluation command. The rest is Trove's own overhead.
+`model_ms` is time in model calls, `sandbox_ms` the commands' own run time (setup, harness, diff and
+evaluation preparation) and `eval_ms` the evaluation command's, both as the agent measured them inside the
+sandbox (ExecResult.duration_ms). The rest is Trove's own overhead; two parts of it are also given apart:
+`exec_wall_ms`, the exec round trips' wall time (the rest of each round trip, past the command's own time,
+is the fence check, the exec log and the agent protocol), and `sandbox_lifecycle_ms`, a cold claim (the
+sandbox's create) and the release (a single-use sandbox's destroy).
 """
 
 from __future__ import annotations
@@ -102,17 +106,29 @@ def now() -> datetime:
 
 @dataclass
 class Clock:
-    """Where a rollout's wall time went, so scheduling overhead (the rest) can be measured."""
+    """Where a rollout's wall time went, so Trove's own overhead (the rest) can be measured (see Timings)."""
 
     started: float = field(default_factory=time.perf_counter)
     model_ms: float = 0.0
     sandbox_ms: float = 0.0
     eval_ms: float = 0.0
+    exec_wall_ms: float = 0.0
+    sandbox_lifecycle_ms: float = 0.0
+
+    def command(self, result: ExecResult, wall_ms: float, *, evaluation: bool = False) -> None:
+        """One exec: the agent's own measure of the command is sandbox (or eval) time; the round trip's wall
+        time is kept apart, so what Trove added around the command can be told."""
+        if evaluation:
+            self.eval_ms += result.duration_ms
+        else:
+            self.sandbox_ms += result.duration_ms
+        self.exec_wall_ms += wall_ms
 
     def as_dict(self) -> dict:
         total = (time.perf_counter() - self.started) * 1000
         return {"model_ms": round(self.model_ms, 1), "sandbox_ms": round(self.sandbox_ms, 1),
-                "eval_ms": round(self.eval_ms, 1), "total_ms": round(total, 1)}
+                "eval_ms": round(self.eval_ms, 1), "exec_wall_ms": round(self.exec_wall_ms, 1),
+                "sandbox_lifecycle_ms": round(self.sandbox_lifecycle_ms, 1), "total_ms": round(total, 1)}
 
 
 class RecordCatchUp:
@@ -275,7 +291,7 @@ class Attempt:
         lease = fleet_ops.sandbox_claim(fleet=self.job.fleet, holder=f"rollout:{self.rollout.pk}:{self.worker}")
         self.lease = self.heartbeat.lease = lease
         if lease.sandbox.cold_claim:  # the wait was the sandbox being created, not scheduling
-            self.clock.sandbox_ms += lease.claim_ms
+            self.clock.sandbox_lifecycle_ms += lease.claim_ms
         # A pointer for the reaper; the lease itself (already committed) guards the sandbox.
         rollout_services.rollout_set_sandbox(rollout_id=self.rollout.pk, sandbox_id=lease.sandbox.pk)
         self.record(StepRecord(kind="sandbox_event", started_at=now(), text=_lease_note(lease),
@@ -284,16 +300,14 @@ class Attempt:
 
     def prepare_workspace(self) -> None:
         lease, task = self.held(), self.rollout.task
-        started = time.perf_counter()
         fleet_ops.sandbox_write_files(lease, task.files)
         for command in [*task.setup_commands, WORKSPACE_BASELINE]:
-            result = fleet_ops.sandbox_exec(lease, command, timeout=120, reason="setup")
+            result = self.exec(command, timeout=120, reason="setup")
             if result.exit_code != 0 and command != WORKSPACE_BASELINE:
                 raise SandboxError(f"setup command failed ({result.exit_code}): {command}: {result.stderr[-500:]}",
                                    reason="setup_failed", permanent=True)
         # The diffs are taken against this commit, not HEAD: an agent may commit its work (or move HEAD).
         self.baseline = result.stdout.strip() if result.exit_code == 0 else "HEAD"
-        self.clock.sandbox_ms += (time.perf_counter() - started) * 1000
 
     def run_harness(self) -> int:
         """Run the job's harness; returns its step count (model turns). Raises InfraFailure when the model
@@ -304,7 +318,7 @@ class Attempt:
             return self.run_builtin()
 
     def run_builtin(self) -> int:
-        rollout, job, lease, clock = self.rollout, self.job, self.held(), self.clock
+        rollout, job, clock = self.rollout, self.job, self.clock
         calls = {"n": 0}
         base_chat = openai_chat(
             f"{settings.TROVE_PROXY_PUBLIC_URL}/r/{rollout.proxy_token}/v1", job.model_name, "trove-rollout-token",
@@ -322,11 +336,7 @@ class Attempt:
 
         def execute(command: str) -> ExecResult:
             self.heartbeat.check()
-            started = time.perf_counter()
-            try:
-                return fleet_ops.sandbox_exec(lease, command, timeout=60, idle_timeout=30, reason="harness")
-            finally:
-                clock.sandbox_ms += (time.perf_counter() - started) * 1000
+            return self.exec(command, timeout=60, idle_timeout=30, reason="harness")
 
         def on_command(command: str, result: ExecResult, started_at: datetime, ended_at: datetime) -> None:
             self.record(_command_step(command, result, started_at, ended_at))
@@ -416,32 +426,28 @@ class Attempt:
         template's `fresh-sandbox` mode the evaluation runs in a new sandbox holding only its diff. Either way
         the protected and hidden files come from the Task row."""
         task = self.rollout.task
-        started = time.perf_counter()
-        diff = fleet_ops.sandbox_exec(self.held(), "export GIT_CONFIG_NOSYSTEM=1; git add -A >/dev/null 2>&1; "
-                                      f"git diff --cached {shlex.quote(self.baseline)}", timeout=30, reason="diff")
+        diff = self.exec("export GIT_CONFIG_NOSYSTEM=1; git add -A >/dev/null 2>&1; "
+                         f"git diff --cached {shlex.quote(self.baseline)}", timeout=30, reason="diff")
         fresh = self.job.fleet.template.eval_mode == EnvironmentTemplate.EvalMode.FRESH_SANDBOX
         self.eval_facts = {"eval_mode": "fresh-sandbox" if fresh else "in-place"}
         refusal = self.move_to_fresh_sandbox(task) if fresh else None
         if refusal is None:
             refusal = self.restore_for_eval(task, kill=not fresh)
-        self.clock.sandbox_ms += (time.perf_counter() - started) * 1000
-        started_at, started = now(), time.perf_counter()
+        started_at = now()
         if refusal is not None:
             return diff, refusal, started_at
-        result = fleet_ops.sandbox_exec(self.held(), eval_integrity.eval_command(task, fresh=fresh),
-                                        timeout=task.eval_timeout_s, reason="eval")
-        self.clock.eval_ms += (time.perf_counter() - started) * 1000
+        result = self.exec(eval_integrity.eval_command(task, fresh=fresh), timeout=task.eval_timeout_s,
+                           reason="eval", evaluation=True)
         if task.eval_files and self.job.fleet.template.reusable:  # the sandbox goes back to the pool
-            fleet_ops.sandbox_exec(self.held(), eval_integrity.remove_hidden_command(task), timeout=30,
-                                   reason="remove hidden evaluation files")
+            self.exec(eval_integrity.remove_hidden_command(task), timeout=30, reason="remove hidden evaluation files")
         return diff, result, started_at
 
     def move_to_fresh_sandbox(self, task) -> ExecResult | None:
         """Take the final diff (protected paths left out), give the policy's sandbox back, claim a new one
         from the same fleet, set the task up in it and apply the diff. None when the diff applied, else the
         refused evaluation (a diff that does not apply fails the run)."""
-        patch = fleet_ops.sandbox_exec(self.held(), eval_integrity.transport_diff_command(task, self.baseline), timeout=60,
-                                       max_output=EVAL_PATCH_BYTES, reason="diff for the fresh evaluation")
+        patch = self.exec(eval_integrity.transport_diff_command(task, self.baseline), timeout=60,
+                          max_output=EVAL_PATCH_BYTES, reason="diff for the fresh evaluation")
         if patch.exit_code != 0 or patch.truncated_bytes:
             return eval_integrity.refused(
                 f"the final diff could not be taken (exit {patch.exit_code}, {patch.truncated_bytes} bytes over "
@@ -455,7 +461,7 @@ class Attempt:
                                         "claim_ms": round(lease.claim_ms, 1), "purpose": "eval"}))
         self.prepare_workspace()
         fleet_ops.sandbox_write_files(lease, {eval_integrity.PATCH_PATH: patch.stdout})
-        applied = fleet_ops.sandbox_exec(lease, eval_integrity.APPLY_PATCH, timeout=120, reason="apply final diff")
+        applied = self.exec(eval_integrity.APPLY_PATCH, timeout=120, reason="apply final diff")
         self.eval_facts["patch_bytes"] = len(patch.stdout.encode())
         if applied.exit_code != 0:
             return eval_integrity.refused(f"the final diff does not apply to the task: {applied.stderr[-500:]}")
@@ -465,8 +471,7 @@ class Attempt:
         """Kill what the policy left running (in place), scrub the workspace and write the protected and
         hidden files from the Task row. None when done, else the refused evaluation."""
         lease = self.held()
-        prepared = fleet_ops.sandbox_exec(lease, eval_integrity.prepare_command(task, kill=kill), timeout=60,
-                                          reason="prepare evaluation")
+        prepared = self.exec(eval_integrity.prepare_command(task, kill=kill), timeout=60, reason="prepare evaluation")
         self.eval_facts.update(prepare=(prepared.stdout + prepared.stderr)[-500:],
                                prepare_ms=round(prepared.duration_ms, 1))
         if prepared.exit_code != 0:
@@ -496,6 +501,13 @@ class Attempt:
     def held(self) -> fleet_ops.Lease:
         assert self.lease is not None, "no sandbox claimed yet"
         return self.lease
+
+    def exec(self, command: str, *, evaluation: bool = False, **options) -> ExecResult:
+        """`fleet_ops.sandbox_exec` under the held lease, its times on the clock (Clock.command)."""
+        started = time.perf_counter()
+        result = fleet_ops.sandbox_exec(self.held(), command, **options)
+        self.clock.command(result, (time.perf_counter() - started) * 1000, evaluation=evaluation)
+        return result
 
     def record(self, step: StepRecord) -> None:
         """Queue a step; the queue is written once its oldest step has waited STEP_FLUSH_S."""
@@ -533,7 +545,7 @@ class Attempt:
         trajectory_finish(trajectory_id=self.trajectory_id, status=status)
 
     def release(self) -> None:
-        """End the lease, once. Counted as sandbox time (a single-use sandbox is destroyed here)."""
+        """End the lease, once. Counted as sandbox lifecycle time (a single-use sandbox is destroyed here)."""
         lease, self.lease = self.lease, None
         if lease is None:
             return
@@ -543,7 +555,7 @@ class Attempt:
             fleet_ops.sandbox_release(lease)
         except SandboxError as error:  # the reconciler reaps what could not be destroyed now
             log.warning("release of %s failed: %s", lease.sandbox.name, error)
-        self.clock.sandbox_ms += (time.perf_counter() - started) * 1000
+        self.clock.sandbox_lifecycle_ms += (time.perf_counter() - started) * 1000
 
 
 def _seed(rollout: Rollout) -> int:
