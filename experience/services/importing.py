@@ -33,20 +33,21 @@ from pathlib import Path
 from django.db import transaction
 
 from experience.errors import TroveError
-from experience.importers import REGISTRY, detect_format, iter_records
+from experience.importers import REGISTRY, detect_format, iter_records, reports
 from experience.importers.errors import ImportFormatError
 from experience.importers.fingerprint import FINGERPRINT_KEY, fingerprint
 from experience.models import CurationEvent, Trajectory
 from experience.records import TrajectoryRecord
 from experience.services.blobs import blobs_store
 from experience.services.ingest import trajectories_ingest_many
+from experience.services.outcome_labels import trajectories_label_from_report
 from experience.services.provenance import as_import
 
 BATCH = 200  # runs per ingest call: bounds memory on a file of 10,000 runs
 ORIGINAL_MAX_BYTES = 256 * 1024 * 1024  # larger files are imported without keeping the original
 
 IMPORTED, PRESENT, INVALID, UNRECOGNISED = "imported", "present", "invalid", "unrecognised"
-CHANGED, DUPLICATE = "changed", "duplicate"
+CHANGED, DUPLICATE, REPORT = "changed", "duplicate", "report"
 REPLACED_TAG = "replaced"
 
 
@@ -55,7 +56,8 @@ class FileReport:
     """What importing one file did. `status`: imported (at least one new run), changed (no new run, and some
     stored run's content differs from the file's: see `changed`), duplicate (its runs are stored under other
     refs: see `duplicates`), present (every run was already stored), invalid (nothing written; `error` says
-    why), unrecognised (not a trajectory file). `replaced` counts runs re-imported with replace=True."""
+    why), unrecognised (not a trajectory file), report (an evaluation report: `labels` says which runs of the
+    import it labelled, see reports_apply). `replaced` counts runs re-imported with replace=True."""
 
     path: str
     status: str = ""
@@ -68,11 +70,12 @@ class FileReport:
     changed: list[dict] = field(default_factory=list)  # {source_ref, trajectory_id, differs}
     duplicates: list[dict] = field(default_factory=list)  # {source_ref, duplicate_of}
     replaced: int = 0
+    labels: dict = field(default_factory=dict)  # for a report: LabelReport.as_dict()
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in (
             "path", "status", "format", "imported", "present", "error", "trajectory_ids", "original_kept",
-            "changed", "duplicates", "replaced")}
+            "changed", "duplicates", "replaced", "labels")}
 
     def settle(self) -> None:
         """The status of a file whose runs were read without fault."""
@@ -146,7 +149,11 @@ def trajectories_import_file(
     try:
         report.format = _format_of(path, format)
     except ImportFormatError as error:
-        report.status, report.error = UNRECOGNISED, error.message
+        kind = reports.detect(path) if format is None else None
+        if kind:  # labels runs once the whole import is stored: reports_apply
+            report.status, report.format = REPORT, kind
+        else:
+            report.status, report.error = UNRECOGNISED, error.message
         return report
     digest, original = _original(path)
     report.original_kept = original is not None
@@ -349,7 +356,25 @@ def trajectories_import_path(
         report.files.append(item)
         if on_file:
             on_file(item)
+    reports_apply(report)
     return report
+
+
+def reports_apply(report: ImportReport) -> None:
+    """Label the import's runs from the evaluation reports found among its files (status `report`), each
+    report's result in its FileReport.labels. Only the runs this import read (new or already stored) are in
+    scope: a report beside trajectories speaks of them. A report that cannot be read is invalid."""
+    scope_ids = {i for f in report.files if f.status != REPORT for i in f.trajectory_ids}
+    scope = Trajectory.objects.filter(pk__in=scope_ids)
+    for item in report.files:
+        if item.status != REPORT:
+            continue
+        try:
+            labels = reports.read_labels(Path(item.path))
+        except TroveError as error:
+            item.status, item.error = INVALID, error.message
+            continue
+        item.labels = trajectories_label_from_report(labels=labels, scope=scope, source=item.path).as_dict()
 
 
 def trajectory_files(root: Path) -> list[tuple[Path, str | None]]:

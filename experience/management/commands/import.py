@@ -8,7 +8,10 @@ another path (by content) are reported as duplicates of the stored run; runs who
 were imported are reported as changed with what differs (--replace imports the new version and keeps the
 old run as history). Exits non-zero when a file was invalid, when a file named on the command line is not a
 trajectory file, or when nothing under a directory named on the command line is a run of the store (no run
-imported, already present, duplicate or changed: a directory of files Trove cannot read).
+imported, already present, duplicate or changed: a directory of files Trove cannot read). SWE-bench
+evaluation reports among the files (a summary with resolved_ids / unresolved_ids, logs/<id>/report.json)
+label the runs of this import they name; each report's line says how many it labelled, how many runs it does
+not mention, and which of its ids matched no run.
 """
 
 from __future__ import annotations
@@ -26,12 +29,15 @@ from experience.services.importing import (
     IMPORTED,
     INVALID,
     PRESENT,
+    REPORT,
     UNRECOGNISED,
     FileReport,
     ImportReport,
+    reports_apply,
     trajectories_import_file,
     trajectory_files,
 )
+from experience.services.outcome_labels import describe_labels
 from experience.services.search_index import search_index_all
 
 
@@ -66,6 +72,7 @@ class Command(BaseCommand):
                 folders[raw] = [str(f) for f, _ in files]
             work += files
         self._run(work, options, report)
+        reports_apply(report)  # SWE-bench reports among the files label the runs just read
         indexed = 0 if options["no_index"] else search_index_all()
         self._report(report, indexed, options["json"])
         self._exit_status(report, explicit, folders)
@@ -120,6 +127,8 @@ def _line(item: FileReport) -> str:
         return f"imported  {item.path}: {item.imported} runs ({item.format}){extra}{replaced}{kept}" + _notes(item)
     if item.status == PRESENT:
         return f"skipped   {item.path}: already imported ({item.present} runs)" + _notes(item)
+    if item.status == REPORT:
+        return f"report    {item.path}: " + describe_labels(item.labels)
     if item.status in (CHANGED, DUPLICATE):
         return f"skipped   {item.path}:" + _notes(item).lstrip(";")
     if item.status == UNRECOGNISED:
@@ -137,3 +146,4 @@ def _notes(item: FileReport) -> str:
         named = ", ".join(f"run {c['trajectory_id']} ({c['differs']})" for c in item.changed[:3])
         notes += f"; {len(item.changed)} run(s) changed since imported, not replaced ({named}; --replace imports them)"
     return notes
+
