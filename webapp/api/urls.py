@@ -4,7 +4,7 @@ from django.contrib.auth.decorators import login_required
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from webapp.api import datasets, endpoints, fleets, jobs, outcomes, trajectories
+from webapp.api import datasets, endpoints, fleets, jobs, outcomes, run_steps, trajectories
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
@@ -15,6 +15,7 @@ urlpatterns = [
     path("v1/", include(endpoints.urlpatterns)),
     path("v1/", include(fleets.urlpatterns)),
     path("v1/", include(trajectories.urlpatterns)),
+    path("v1/", include(run_steps.urlpatterns)),
     path("v1/", include(outcomes.urlpatterns)),
     path("v1/", include(datasets.urlpatterns)),
 ]

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from webapp.dashboard import clusters, datasets, explorer, views
+from webapp.dashboard import clusters, compare, datasets, explorer, views
 from webapp.dashboard import fleets as fleet_views
 
 app_name = "dashboard"
@@ -10,6 +10,7 @@ urlpatterns = [
     path("trajectories/", explorer.explorer, name="explorer"),
     path("trajectories/curate/", explorer.explorer_curate, name="explorer-curate"),
     path("trajectories/import/", explorer.trajectory_import, name="trajectory-import"),
+    path("trajectories/compare/", compare.trajectory_compare, name="trajectory-compare"),
     path("trajectories/<int:trajectory_id>/", views.trajectory_detail, name="trajectory"),
     path("clusters/", clusters.cluster_index, name="clusters"),
     path("clusters/<int:cluster_id>/", clusters.cluster_detail, name="cluster"),

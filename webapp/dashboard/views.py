@@ -6,7 +6,8 @@ from django.http import Http404
 from django.shortcuts import render
 
 from experience.errors import NotFound
-from experience.selectors import trajectory_get, trajectory_list, trajectory_timeline
+from experience.run_steps import run_page_config
+from experience.selectors import trajectory_get, trajectory_list
 from experience.services.curation import curation_history
 from webapp.access.permissions import scope_required
 from webapp.dashboard import selectors
@@ -44,14 +45,9 @@ def trajectory_detail(request, trajectory_id: int):
         trajectory = trajectory_get(trajectory_id=trajectory_id)
     except NotFound as error:
         raise Http404(str(error)) from None
-    timeline = trajectory_timeline(trajectory=trajectory)
-    span = max((t.offset_ms or 0) + t.width_ms for t in timeline) if timeline else 0
-    for item in timeline:  # positions on the time axis, in percent of the run's span
-        item.left_pct = 100 * (item.offset_ms or 0) / (span or 1)
-        item.width_pct = max(0.4, 100 * item.width_ms / (span or 1))
     rollout = Rollout.objects.filter(trajectory=trajectory).select_related("job").first()
     history = list(curation_history(trajectory_id=trajectory.pk)[: HISTORY_ROWS + 1])
     return render(request, "dashboard/trajectory.html", {
-        "trajectory": trajectory, "timeline": timeline, "span_ms": span or 1, "rollout": rollout,
+        "trajectory": trajectory, "rollout": rollout, "run": run_page_config(trajectory=trajectory),
         "history": history[:HISTORY_ROWS], "history_more": len(history) > HISTORY_ROWS,
     })

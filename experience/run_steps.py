@@ -1,0 +1,132 @@
+"""Selectors for the run page and its API: step views by page or by seq, the run's step index, the context
+lens of a model call, and search within a run. Each reads a bounded number of rows whatever the run's
+length (the index reads one narrow row per step), and shapes them with `experience.steps_view`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db.models import Q
+
+from experience.compare import Action, align, counts, first_divergence, patch_diff, run_actions
+from experience.errors import NotFound, ValidationError
+from experience.models import Step, Trajectory
+from experience.services.stored import stored_step_records
+from experience.steps import CONTEXT, context_length
+from experience.steps_view import (
+    LinkRow,
+    attach_links,
+    context_lens,
+    diff_view,
+    link_tool_calls,
+    message_view,
+    step_index,
+    step_view,
+)
+
+PAGE = 50
+FIRST_SCREEN = 30  # steps embedded in the run page: a screen and a half, so it is readable before any fetch
+MAX_PAGE = 200
+LINK_WINDOW = 200  # steps either side of a page searched for the other end of its tool calls
+SEARCH_LIMIT = 1000
+MAX_QUERY = 200
+ACTION_KINDS = ("command", "tool_call", "model_call")  # the steps a run's actions are read from
+
+
+def run_page_config(*, trajectory: Trajectory) -> dict[str, Any]:
+    """What the run page embeds: the first screen of step views and the final diff. The rest of the run is
+    fetched as the reader scrolls (`step_views`, `run_step_index`)."""
+    views, last = step_views(trajectory=trajectory, limit=FIRST_SCREEN)
+    return {"id": trajectory.pk, "n_steps": trajectory.n_steps, "first": views, "next_after": last,
+            "final_diff": diff_view(trajectory.final_diff) if trajectory.final_diff else None}
+
+
+def step_views(*, trajectory: Trajectory, seqs: Sequence[int] | None = None, after: int = -1,
+               limit: int = PAGE, full_output: bool = False) -> tuple[list[dict[str, Any]], int | None]:
+    """Views of the steps named by `seqs`, or of up to `limit` steps after seq `after`, in order, each tool
+    call linked to its result; and the seq to ask `after` for the next page (None at the end)."""
+    queryset = Step.objects.filter(trajectory=trajectory).order_by("seq")
+    if seqs is not None:
+        rows, last = list(queryset.filter(seq__in=list(seqs)[:MAX_PAGE])), None
+    else:
+        rows = list(queryset.filter(seq__gt=after)[: limit + 1])
+        last = rows[limit - 1].seq if len(rows) > limit else None
+        rows = rows[:limit]
+    records = stored_step_records(rows, context=False)
+    views = [_view(row, record, full_output) for row, record in zip(rows, records, strict=True)]
+    if rows:
+        attach_links(views, _links(trajectory, rows[0].seq, rows[-1].seq))
+    return views, last
+
+
+def _view(row: Step, record: Any, full_output: bool) -> dict[str, Any]:
+    n_context = context_length(row.blob_refs[CONTEXT]) if CONTEXT in row.blob_refs else None
+    return step_view(record, seq=row.seq, step_id=row.pk, value_estimate=row.value_estimate, n_context=n_context,
+                     full_output=full_output)
+
+
+def _links(trajectory: Trajectory, first: int, last: int) -> dict[str, dict[str, int]]:
+    window = Step.objects.filter(trajectory=trajectory, seq__gte=first - LINK_WINDOW, seq__lte=last + LINK_WINDOW)
+    window = window.filter(Q(payload__has_key="tool_call_id") | Q(payload__has_key="tool_calls"))
+    rows = window.values_list("seq", "kind", "payload__tool_call_id", "payload__tool_calls")
+    return link_tool_calls(LinkRow(seq, kind, str(call_id) if call_id else None, calls if isinstance(calls, list) else None)
+                           for seq, kind, call_id, calls in rows)
+
+
+def step_view_one(*, trajectory: Trajectory, seq: int) -> dict[str, Any]:
+    views, _ = step_views(trajectory=trajectory, seqs=[seq], full_output=True)
+    if not views:
+        raise NotFound(f"trajectory {trajectory.pk} has no step {seq}")
+    return views[0]
+
+
+def run_step_index(*, trajectory: Trajectory) -> dict[str, Any]:
+    """The whole run in a few columns (see `steps_view.step_index`): one narrow row per step."""
+    rows = Step.objects.filter(trajectory=trajectory).order_by("seq").values_list(
+        "seq", "kind", "started_at", "ended_at", "duration_ms", "is_error", "exit_code", "value_estimate",
+        "payload__tool", "payload__success", "payload__value")
+    return step_index(rows)
+
+
+def run_context_lens(*, trajectory: Trajectory, seq: int, unchanged: bool = False) -> dict[str, Any]:
+    """The context of the model call at `seq` against the previous model call of the run; with `unchanged`
+    the unchanged messages too (a page fetches them only when the reader opens them)."""
+    with_context = Step.objects.filter(trajectory=trajectory, blob_refs__has_key=CONTEXT)
+    step = with_context.filter(seq=seq).first()
+    if step is None:
+        raise NotFound(f"step {seq} of trajectory {trajectory.pk} is not a model call with a stored context")
+    previous = with_context.filter(seq__lt=seq).order_by("-seq").first()
+    rows = [previous, step] if previous else [step]
+    records = stored_step_records(rows, context=True)
+    current = records[-1].request_messages or []
+    lens = context_lens(records[0].request_messages if previous else None, current)
+    lens["seq"], lens["previous_seq"] = seq, previous.seq if previous else None
+    if unchanged:
+        lens["unchanged_messages"] = [message_view(m, i) for i, m in enumerate(current[: lens["unchanged"]])]
+    return lens
+
+
+def run_search(*, trajectory: Trajectory, q: str) -> list[int]:
+    """Seqs of the steps whose preview or inline content holds `q` (case-insensitive), in order."""
+    q = q.strip()
+    if not q or len(q) > MAX_QUERY:
+        raise ValidationError(f"q: give between 1 and {MAX_QUERY} characters", field="q")
+    matches = Step.objects.filter(trajectory=trajectory).filter(Q(preview__icontains=q) | Q(payload__icontains=q))
+    return list(matches.order_by("seq").values_list("seq", flat=True)[:SEARCH_LIMIT])
+
+
+def run_compare(*, a: Trajectory, b: Trajectory) -> dict[str, Any]:
+    """Two runs aligned over their normalised actions (`experience.compare`): the pairs, their counts, the
+    first divergence, each run's outcome and a diff of the two final patches."""
+    pairs = align(_actions_of(a), _actions_of(b))
+    divergence = first_divergence(pairs)
+    return {"a": a, "b": b, "pairs": pairs, "counts": counts(pairs), "divergence": divergence,
+            "divergence_pair": pairs[divergence] if divergence is not None else None,
+            "patch_diff": patch_diff(a.final_diff, b.final_diff) if a.final_diff != b.final_diff else ""}
+
+
+def _actions_of(trajectory: Trajectory) -> list[Action]:
+    rows = list(Step.objects.filter(trajectory=trajectory, kind__in=ACTION_KINDS).order_by("seq"))
+    return run_actions(list(zip((row.seq for row in rows), stored_step_records(rows, context=False), strict=True)))
