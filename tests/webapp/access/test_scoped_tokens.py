@@ -193,6 +193,10 @@ def test_the_command_issues_lists_and_revokes(user):
     assert "gpu-7" in listing.getvalue() and key not in listing.getvalue() and "live" in listing.getvalue()
     call_command("api_token", "revoke", key, stdout=StringIO())
     assert client_with(key).get("/api/v1/datasets/").status_code == 401
+    warned = StringIO()
+    call_command("api_token", "create", "trainer", "--name", "ops-ish", "--scope", "fleets:write", stdout=StringIO(),
+                 stderr=warned)
+    assert "trainer does not hold fleets:write" in warned.getvalue()
     with pytest.raises(CommandError, match="no user"):
         call_command("api_token", "create", "nobody", "--name", "x", "--scope", "jobs:read", stdout=StringIO())
     with pytest.raises(CommandError, match="unknown scope"):

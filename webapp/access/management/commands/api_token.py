@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from webapp.access.models import ApiToken
-from webapp.access.scopes import SCOPES, UnknownScope, role_scopes
+from webapp.access.scopes import SCOPES, UnknownScope, role_scopes, user_has_scope
 from webapp.access.tokens import token_issue, token_revoke
 
 
@@ -46,6 +46,10 @@ class Command(BaseCommand):
         except (UnknownScope, ValueError) as problem:
             raise CommandError(str(problem)) from None
         self.stderr.write(f"token {issued.token.name!r} for {user.username}: {', '.join(issued.token.scopes)}")
+        idle = [scope for scope in issued.token.scopes if not user_has_scope(user, scope)]
+        if idle:  # a token never does more than its user: say so now rather than with a 403 later
+            self.stderr.write(f"warning: {user.username} does not hold {', '.join(idle)} (no role grants it), "
+                              "so the token cannot use it until they do")
         self.stderr.write("the key follows; it is shown this once:")
         self.stdout.write(issued.key)
 
