@@ -294,3 +294,15 @@ def test_a_task_set_line_200000_levels_deep_is_refused_naming_the_line(ops_api):
 
     assert response.status_code == 400
     assert "line 2" in response.json()["detail"] and "nested deeper than" in response.json()["detail"]
+
+
+def test_every_importer_parses_json_through_the_bounded_parser():
+    """A new importer calling json.loads itself would bring the RecursionError back: catch it here."""
+    import re
+
+    import experience.importers as package
+
+    direct = re.compile(r"\b(json|orjson|ujson|simplejson)\.loads?\(")
+    offenders = [path.name for path in Path(package.__file__).parent.glob("*.py")
+                 if path.name != "limits.py" and direct.search(path.read_text())]
+    assert offenders == [], "parse JSON with experience.importers.limits.loads_json (or base.parse_json_bytes)"
