@@ -10,6 +10,7 @@ from rest_framework.test import APIClient
 
 from webapp.access.scopes import ROLES
 from webapp.access.tokens import token_issue
+from webapp.rollouts.endpoints import endpoint_register
 from webapp.rollouts.models import ModelEndpoint
 
 pytestmark = pytest.mark.django_db
@@ -128,3 +129,17 @@ def test_an_unknown_endpoint_is_a_404_naming_it():
     response = persona("trainer").get("/api/v1/endpoints/nope/")
 
     assert response.status_code == 404 and response.json()["field"] == "name"
+
+
+def test_the_list_costs_the_same_queries_for_one_endpoint_or_many(django_assert_num_queries):
+    trainer = persona("trainer")
+    ops_user = persona("ops").user
+    endpoint_register(name="first", base_url=PUBLIC, protocol="chat", model_names=["m"], created_by=ops_user)
+    trainer.get("/api/v1/endpoints/")  # warm the session and permission caches
+    with django_assert_num_queries(2) as one:  # the token, the page (with its creators)
+        assert len(trainer.get("/api/v1/endpoints/").json()["results"]) == 1
+    for n in range(5):
+        endpoint_register(name=f"more-{n}", base_url=PUBLIC, protocol="chat", model_names=["m"], created_by=ops_user)
+
+    with django_assert_num_queries(len(one.captured_queries)):
+        assert len(trainer.get("/api/v1/endpoints/").json()["results"]) == 6
