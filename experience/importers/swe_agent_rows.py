@@ -3,7 +3,8 @@ Protocol's raw SWE-agent samples): a JSON array of rows, JSONL with one row per 
 
 A row: {"instance_id", "model_name", "target": true/false or "True"/"False", "trajectory": [{"role":
 "system" | "user" | "ai", "text", "mask"?, "cutoff_date"?, "system_prompt"?}], "exit_status",
-"generated_patch", "eval_logs"}.
+"generated_patch", "eval_logs"}. The published rows keep the system prompt in `system_prompt` with `text`
+null on the system turn: that prompt is the turn's text.
 
 Steps: `system` and `user` turns before the first `ai` turn become `message` steps (the system prompt, the
 task); each `ai` turn a `model_call` (its text as the reply, the turns before it as the context) followed,
@@ -142,9 +143,11 @@ def _turns(row: dict[str, Any], loc: Location) -> list[dict[str, Any]]:
     for index, turn in enumerate(turns):
         if not isinstance(turn, dict) or turn.get("role") not in _ROLES:
             raise loc.invalid(f"trajectory[{index}].role", f"must be one of {', '.join(_ROLES)}")
-        if not isinstance(turn.get("text"), str):
-            raise loc.invalid(f"trajectory[{index}].text", "must be text")
-    return turns
+        for key in ("text", "system_prompt"):
+            if turn.get(key) is not None and not isinstance(turn[key], str):
+                raise loc.invalid(f"trajectory[{index}].{key}", "must be text")
+    # the dataset keeps the system prompt in `system_prompt`, with `text` null, on its system turn
+    return [{**turn, "text": turn.get("text") or turn.get("system_prompt") or ""} for turn in turns]
 
 
 def steps_from_turns(turns: list[dict[str, Any]]) -> list[StepRecord]:

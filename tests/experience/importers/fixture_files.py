@@ -42,6 +42,7 @@ ATIF_SAMPLE = SAMPLES / "hello-world.trajectory.json"
 CONVERSATIONS = SAMPLES / "conversations.jsonl"
 TAU_BENCH = SAMPLES / "tau-bench" / "gpt-4o-airline.json"
 SWE_AGENT_ROWS = SAMPLES / "swe-agent-rows" / "nebius-rows.jsonl"
+ADP_RAW = SAMPLES / "swe-agent-rows" / "adp-sample-raw.json"
 CODEX_REAL = SAMPLES / "codex" / "rollout-2025-12-28T12-18-30-019b64e5-57fa-7463-b644-fba7e456f905.jsonl"
 CODEX_TOOLS = SAMPLES / "codex" / "rollout-tools.jsonl"
 SWE_BENCH = SAMPLES / "swe-bench"
@@ -70,6 +71,7 @@ EXPECTED_FORMATS: dict[Path, str] = {
     CONVERSATIONS: "openai_messages",
     TAU_BENCH: "openai_conversations",
     SWE_AGENT_ROWS: "swe_agent_rows",
+    ADP_RAW: "swe_agent_rows",
     CLAUDE_SESSION: "claude_code",
     CLAUDE_SUBAGENT: "claude_code",
     CLAUDE_WINDOWS: "claude_code",

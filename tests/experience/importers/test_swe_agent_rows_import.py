@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from experience.importers import ImportFormatError, ImportValidationError, detect_format, read_all
-from importers.fixture_files import SWE_AGENT_ROWS, raw_jsonl
+from importers.fixture_files import ADP_RAW, SWE_AGENT_ROWS, raw_json, raw_jsonl
 
 
 def _as_parquet(tmp_path: Path) -> Path:
@@ -86,3 +86,18 @@ def test_a_cut_parquet_file_is_refused_naming_it(tmp_path: Path) -> None:
     cut.write_bytes(whole[: len(whole) // 2])
     with pytest.raises(ImportFormatError, match=r"^cut.parquet: "):
         read_all(cut, "swe_agent_rows")
+
+
+def test_a_published_row_reads_with_its_system_prompt_and_commands_byte_for_byte() -> None:
+    [record] = read_all(ADP_RAW)
+    [row] = raw_json(ADP_RAW)
+    turns = row["trajectory"]
+    assert detect_format(ADP_RAW) == "swe_agent_rows"
+    assert (record.task_key, record.model, record.success, record.reward) == (
+        "marshmallow-code__apispec-382", "swe-agent-llama-70b", False, 0.0)
+    assert record.steps[0].text == turns[0]["system_prompt"] and turns[0]["text"] is None
+    assert record.instruction == turns[1]["text"]  # its \r\n kept
+    commands = [s for s in record.steps if s.kind == "command"]
+    assert [c.command for c in commands] == ['search_dir "paths" src', "ls -F", 'search_dir "paths" apispec']
+    assert [c.output for c in commands] == [turns[3]["text"], turns[5]["text"], turns[7]["text"]]
+    assert [s.response_text for s in record.steps if s.kind == "model_call"] == [turns[i]["text"] for i in (2, 4, 6)]
