@@ -52,6 +52,8 @@ SWE_BENCH_INSTANCE = (SWE_BENCH / "logs" / "run_evaluation" / "nebius-eval" / "s
 CLAUDE_CODE = SAMPLES / "claude-code"
 CLAUDE_SESSION = CLAUDE_CODE / "-home-dev-calc" / "7f3c2a10-5b1e-4c2d-9a8f-0e6d4b3c2a11.jsonl"
 CLAUDE_SUBAGENT = CLAUDE_SESSION.with_suffix("") / "subagents" / "agent-a9e41c07.jsonl"
+CLAUDE_CODE_LOG = CLAUDE_CODE / "claude-code-log" / "55550000-0000-4000-8000-000000000001.jsonl"
+CLAUDE_CODE_LOG_AGENT = CLAUDE_CODE_LOG.with_suffix("") / "subagents" / "agent-showcol2.jsonl"
 CLAUDE_WINDOWS = CLAUDE_CODE / "C--Users-dev-proj" / "0b9d8e7f-1a2b-4c3d-8e9f-a0b1c2d3e4f5.jsonl"
 
 SWE_AGENT_FILES = sorted(SWE_AGENT.rglob("*.traj"))
@@ -75,6 +77,8 @@ EXPECTED_FORMATS: dict[Path, str] = {
     CLAUDE_SESSION: "claude_code",
     CLAUDE_SUBAGENT: "claude_code",
     CLAUDE_WINDOWS: "claude_code",
+    CLAUDE_CODE_LOG: "claude_code",
+    CLAUDE_CODE_LOG_AGENT: "claude_code",
     CODEX_REAL: "codex",
     CODEX_TOOLS: "codex",
 }

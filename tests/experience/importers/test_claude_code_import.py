@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from experience.importers import ImportFormatError, detect_format, read_all
-from importers.fixture_files import CLAUDE_SESSION, CLAUDE_SUBAGENT, CLAUDE_WINDOWS, raw_jsonl
+from importers.fixture_files import (
+    CLAUDE_CODE_LOG,
+    CLAUDE_SESSION,
+    CLAUDE_SUBAGENT,
+    CLAUDE_WINDOWS,
+    raw_jsonl,
+)
 
 SESSION = "claude-code:7f3c2a10-5b1e-4c2d-9a8f-0e6d4b3c2a11"
 
@@ -109,3 +115,28 @@ def test_a_line_cut_short_is_refused_naming_it(tmp_path: Path) -> None:
     cut.write_bytes(CLAUDE_WINDOWS.read_bytes() + b'{"parentUuid":"w-5","type":"assistant","message":{"id":"m')
     with pytest.raises(ImportFormatError, match=r"line 6: invalid JSON .* truncated"):
         read_all(cut)
+
+
+def test_another_projects_transcript_fixture_reads_with_its_agent_calls_linked() -> None:
+    """daaain/claude-code-log's showcase session: several blocks per line, MCP tools, the Agent tool."""
+    main, agent = read_all(CLAUDE_CODE_LOG)
+    lines = _lines(CLAUDE_CODE_LOG)
+    session = "claude-code:55550000-0000-4000-8000-000000000001"
+    assert (main.source_ref, agent.source_ref) == (session, f"{session}/agent-showcol2")
+    assert main.metadata["subagent_source_refs"] == [agent.source_ref]  # showcol1's transcript is not there
+    results = [b for ln in lines if ln["type"] == "user" for b in ln["message"]["content"]
+               if b.get("type") == "tool_result"]
+    observations = [s for s in main.steps if s.kind == "observation"]
+    assert [o.text for o in observations] == [
+        r["content"] if isinstance(r["content"], str) else "\n".join(b["text"] for b in r["content"])
+        for r in results]
+    assert [o.payload.get("subagent_source_ref") for o in observations][-2:] == [
+        f"{session}/agent-showcol1", f"{session}/agent-showcol2"]
+    calls = [s for s in main.steps if s.kind == "model_call"]
+    assert [c.response_text for c in calls] == [
+        next((b["text"] for b in ln["message"]["content"] if b["type"] == "text"), "")
+        for ln in lines if ln["type"] == "assistant"]
+    assert [c["function"]["name"] for c in calls[3].tool_calls] == ["Agent", "Agent"]
+    grep = next(s for s in agent.steps if s.kind == "observation")
+    assert grep.text == _lines(CLAUDE_CODE_LOG.with_suffix("") / "subagents" / "agent-showcol2.jsonl")[2][
+        "message"]["content"][0]["content"]
