@@ -45,6 +45,7 @@ SWE_AGENT_ROWS = SAMPLES / "swe-agent-rows" / "nebius-rows.jsonl"
 ADP_RAW = SAMPLES / "swe-agent-rows" / "adp-sample-raw.json"
 CODEX_REAL = SAMPLES / "codex" / "rollout-2025-12-28T12-18-30-019b64e5-57fa-7463-b644-fba7e456f905.jsonl"
 CODEX_TOOLS = SAMPLES / "codex" / "rollout-tools.jsonl"
+CODEX_CCL = SAMPLES / "codex" / "rollout-2026-01-02T03-04-05-11111111-1111-4111-8111-111111111111.jsonl"
 SWE_BENCH = SAMPLES / "swe-bench"
 SWE_BENCH_SUMMARY = SWE_BENCH / "swe-agent-llama-70b.nebius-eval.json"
 SWE_BENCH_INSTANCE = (SWE_BENCH / "logs" / "run_evaluation" / "nebius-eval" / "swe-agent-llama-70b"
@@ -81,6 +82,7 @@ EXPECTED_FORMATS: dict[Path, str] = {
     CLAUDE_CODE_LOG_AGENT: "claude_code",
     CODEX_REAL: "codex",
     CODEX_TOOLS: "codex",
+    CODEX_CCL: "codex",
 }
 ALL_FILES = list(EXPECTED_FORMATS)
 

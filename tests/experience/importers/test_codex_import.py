@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from experience.importers import ImportFormatError, detect_format, read_all
-from importers.fixture_files import CODEX_REAL, CODEX_TOOLS, raw_jsonl
+from importers.fixture_files import CODEX_CCL, CODEX_REAL, CODEX_TOOLS, raw_jsonl
 
 
 def _items(path: Path, kind: str) -> list[dict]:
@@ -95,3 +95,17 @@ def test_a_cut_rollout_line_is_named(tmp_path: Path) -> None:
     cut.write_bytes(CODEX_TOOLS.read_bytes()[:-40])
     with pytest.raises(ImportFormatError, match=r"rollout-cut.jsonl line 24: invalid JSON"):
         read_all(cut)
+
+
+def test_another_projects_rollout_fixture_reads_and_encrypted_reasoning_is_not_kept() -> None:
+    """daaain/claude-code-log's rollout: exec_command, apply_patch with list output, an MCP call, a record
+    type from a later version (ignored)."""
+    [record] = read_all(CODEX_CCL)
+    outputs = [p["output"] for p in _items(CODEX_CCL, "function_call_output")]
+    assert [(s.kind, s.command or s.text or s.response_text) for s in record.steps] == [
+        ("message", "List the synthetic files."), ("model_call", "I will inspect the synthetic directory."),
+        ("command", "find . -maxdepth 1 -type f"), ("model_call", ""), ("tool_call", ""), ("observation", "Done!"),
+        ("model_call", ""), ("tool_call", ""), ("observation", outputs[1]),
+        ("model_call", "The synthetic files are alpha.txt and beta.txt.")]
+    assert record.steps[2].output == outputs[0]
+    assert "SYNTHETIC_ENCRYPTED" not in repr(record)
