@@ -102,7 +102,7 @@ def test_another_projects_rollout_fixture_reads_and_encrypted_reasoning_is_not_k
     type from a later version (ignored)."""
     [record] = read_all(CODEX_CCL)
     outputs = [p["output"] for p in _items(CODEX_CCL, "function_call_output")]
-    assert [(s.kind, s.command or s.text or s.response_text) for s in record.steps] == [
+    assert [(s.kind, s.command or s.text or s.response_text or "") for s in record.steps] == [
         ("message", "List the synthetic files."), ("model_call", "I will inspect the synthetic directory."),
         ("command", "find . -maxdepth 1 -type f"), ("model_call", ""), ("tool_call", ""), ("observation", "Done!"),
         ("model_call", ""), ("tool_call", ""), ("observation", outputs[1]),
