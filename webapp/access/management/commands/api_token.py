@@ -35,7 +35,11 @@ class Command(BaseCommand):
     def _create(self, options):
         user = get_user_model().objects.filter(username=options["username"]).first()
         if user is None:
-            raise CommandError(f"no user named {options['username']!r}")
+            name = options["username"]
+            raise CommandError(
+                f"no user named {name!r}: a token acts for a user, so make one first, e.g. "
+                f"`.venv/bin/python manage.py createsuperuser --username {name}` (an admin) or add the user in "
+                f"the admin (/admin/auth/user/add/) and put them in a role group (ops, researcher, curator, trainer)")
         days = options["expires_in_days"]
         if days is not None and days < 1:
             raise CommandError("--expires-in-days: must be 1 or more")
