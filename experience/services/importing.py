@@ -31,6 +31,7 @@ from itertools import islice
 from pathlib import Path
 
 from django.db import transaction
+from django.db.models import Q
 
 from experience.errors import TroveError
 from experience.importers import REGISTRY, detect_format, iter_records, reports
@@ -245,9 +246,7 @@ def _sort_batch(
     """The records to write, and the stored runs they replace. Records already stored unchanged stay in the
     list (ingest counts them as present); changed ones are reported (or their old run retired, with
     `replace`); duplicates by content are reported and left out."""
-    by_ref = _stored(Trajectory.objects.filter(source="import", source_ref__in={r.source_ref for r in batch}))
-    unknown = [r for r in batch if r.source_ref not in by_ref]
-    by_content = _stored_by_content(unknown)
+    by_ref, by_content = _stored_for(batch)
     fresh, retired = [], []
     for record in batch:
         stored = by_ref.get(record.source_ref)
@@ -273,18 +272,21 @@ def _stored(queryset) -> dict[str, _Stored]:
     return {row[1]: _Stored(*row) for row in rows}
 
 
-def _stored_by_content(records: list[TrajectoryRecord]) -> dict[str, _Stored]:
-    """Stored imports with the fingerprints of `records`, by fingerprint. The task key (indexed) narrows the
+def _stored_for(batch: list[TrajectoryRecord]) -> tuple[dict[str, _Stored], dict[str, _Stored]]:
+    """The stored imports that share a ref with the batch's records (by ref), and those that share a content
+    fingerprint (by fingerprint, the oldest first), in one query. The task key (indexed) narrows the content
     search: the fingerprint covers it, so a twin has the same task key."""
-    if not records:
-        return {}
-    prints = {r.metadata[FINGERPRINT_KEY] for r in records}
-    queryset = Trajectory.objects.filter(source="import", task_key__in={r.task_key for r in records},
-                                         **{f"metadata__{FINGERPRINT_KEY}__in": prints}).order_by("id")
-    found: dict[str, _Stored] = {}
-    for stored in _stored(queryset).values():
-        found.setdefault(stored.fingerprint or "", stored)
-    return found
+    refs = {r.source_ref for r in batch}
+    same_content = Q(task_key__in={r.task_key for r in batch},
+                     **{f"metadata__{FINGERPRINT_KEY}__in": {r.metadata[FINGERPRINT_KEY] for r in batch}})
+    rows = Trajectory.objects.filter(Q(source_ref__in=refs) | same_content, source="import").order_by("id")
+    by_ref, by_content = {}, {}
+    for stored in _stored(rows).values():
+        if stored.source_ref in refs:
+            by_ref[stored.source_ref] = stored
+        else:
+            by_content.setdefault(stored.fingerprint or "", stored)
+    return by_ref, by_content
 
 
 def _differences(stored: _Stored, record: TrajectoryRecord) -> str:
