@@ -1,14 +1,21 @@
-"""The offline demo model: an OpenAI-compatible chat-completions server on aiohttp.
+"""The offline demo model: a model server on aiohttp speaking the four protocols harnesses speak.
 
 It is a STAND-IN for a real model server (vLLM, SGLang, a hosted API): replies come from the scripted
 policy in `workers.demo.policy`, which only knows Trove's built-in demo tasks. Every response says so:
 `system_fingerprint` and `model` are "trove-demo-stand-in", the models list describes it, and responses
 carry an `X-Trove-Stand-In` header.
 
-Endpoints: `POST /v1/chat/completions` (JSON, or SSE with `"stream": true`), `GET /v1/models`,
-`GET /v1/models/{id}`, `GET /healthz`.
-Randomness: the policy is seeded from the first user message plus the request's `seed` (or, without one,
-its `user` field), so the same conversation and seed always get the same reply.
+Endpoints: `POST /v1/chat/completions` (OpenAI Chat Completions), `POST /v1/responses` (OpenAI Responses),
+`POST /v1/messages` and `/v1/messages/count_tokens` (Anthropic Messages; `HEAD /` answers the pre-connect),
+`POST /v1beta/models/{model}:generateContent` and `:streamGenerateContent?alt=sse` (Gemini), each JSON or a
+stream of that protocol's SSE events; `GET /v1/models`, `GET /v1/models/{id}`, `GET /healthz`.
+With tools offered, the policy runs its commands through the request's shell-like tool (workers.demo.
+policy.next_turn) and ends with a plain answer; without, it answers in text with a ```bash block. With
+`logprobs` / `return_token_ids` (chat) or `include: ["message.output_text.logprobs"]` (Responses) it returns
+token logprobs and ids from a small deterministic tokenizer (workers.demo.wire).
+Randomness: the policy is seeded from the user text before the first reply plus the request's `seed` (or,
+without one, its `user` field; Codex's `prompt_cache_key`, Claude Code's `metadata.user_id`), so the same
+conversation and seed always get the same reply.
 
 Run standalone: `python -m workers.demo.model --port 8700`.
 """
@@ -18,17 +25,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
-import re
 import threading
-import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from workers.demo.policy import next_reply
+from workers.demo import wire
+from workers.demo.policy import Tool, next_turn
 
 MODEL_ID = "trove-demo-stand-in"
 STAND_IN_NOTICE = (
@@ -41,10 +47,7 @@ _LATENCY = web.AppKey("latency_s", float)
 _CHUNK_DELAY = web.AppKey("chunk_delay_s", float)
 
 
-class _BadRequest(Exception):
-    def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
+_BadRequest = wire.BadRequest
 
 
 def make_app(*, latency_s: float = 0.0, chunk_delay_s: float = 0.0) -> web.Application:
@@ -53,7 +56,12 @@ def make_app(*, latency_s: float = 0.0, chunk_delay_s: float = 0.0) -> web.Appli
     app = web.Application(client_max_size=_MAX_BODY_BYTES)
     app[_LATENCY] = latency_s
     app[_CHUNK_DELAY] = chunk_delay_s
-    app.router.add_post("/v1/chat/completions", _chat_completions)
+    app.router.add_post("/v1/chat/completions", _handler("chat"))
+    app.router.add_post("/v1/responses", _handler("responses"))
+    app.router.add_post("/v1/messages", _handler("messages"))
+    app.router.add_post("/v1/messages/count_tokens", _count_tokens)
+    app.router.add_post("/v1beta/models/{call}", _gemini)
+    app.router.add_route("HEAD", "/", _preconnect)
     app.router.add_get("/v1/models", _list_models)
     app.router.add_get("/v1/models/{model_id}", _get_model)
     app.router.add_get("/healthz", _health)
@@ -102,77 +110,156 @@ def serve_in_thread(
     return f"http://{_url_host(bound_host)}:{bound_port}/v1", stop
 
 
-def completion(body: dict[str, Any]) -> dict[str, Any]:
-    """The non-streaming response to a validated request body."""
-    content, finish_reason = _reply(body)
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": MODEL_ID,
-        "system_fingerprint": MODEL_ID,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": content},
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        ],
-        "usage": _usage(body["messages"], content),
-    }
+# The four protocols: how to read a request (messages and tools for the policy), the seed it carries, the
+# limit on its output, whether it asks for reasoning, and how to answer it whole or streamed.
+@dataclass(frozen=True)
+class _Wire:
+    read: Callable[[Any], tuple[list[dict[str, Any]], list[Tool]]]
+    id_prefix: str
+    answer: Callable[[dict[str, Any], wire.Reply, str], dict[str, Any]]
+    stream: Callable[[dict[str, Any], wire.Reply, str], list[bytes]]
 
 
-def stream_chunks(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """The chunks of a streaming response (without the final `[DONE]`). Their deltas concatenate to the
-    same content as `completion(body)`."""
-    content, finish_reason = _reply(body)
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    base = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": MODEL_ID,
-        "system_fingerprint": MODEL_ID,
-    }
-    extra = {"usage": None} if include_usage else {}
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {**base, "choices": [choice], **extra}
-
-    chunks = [chunk({"role": "assistant", "content": ""})]
-    chunks += [chunk({"content": piece}) for piece in _pieces(content)]
-    chunks.append(chunk({}, finish_reason))
-    if include_usage:
-        chunks.append({**base, "choices": [], "usage": _usage(body["messages"], content)})
-    return chunks
+def _chat_validate(body: Any) -> tuple[list[dict[str, Any]], list[Tool]]:
+    messages, tools = wire.chat_read(body)
+    seed = body.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise _BadRequest("'seed' must be an integer", param="seed")
+    if body.get("n", 1) != 1:
+        raise _BadRequest("the demo stand-in returns exactly one choice; 'n' must be 1", param="n")
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise _BadRequest(f"'{name}' must be a positive integer", param=name)
+    return messages, tools
 
 
-async def _chat_completions(request: web.Request) -> web.StreamResponse:
+_WIRES = {
+    "chat": _Wire(_chat_validate, "chatcmpl-", wire.chat_completion, wire.chat_stream),
+    "responses": _Wire(wire.responses_read, "resp_", wire.responses_body, wire.responses_stream),
+    "messages": _Wire(wire.messages_read, "msg_", lambda body, reply, rid: wire.messages_body(reply, rid),
+                      lambda body, reply, rid: wire.messages_stream(reply, rid)),
+    "gemini": _Wire(wire.gemini_read, "gen-", lambda body, reply, rid: wire.gemini_body(reply, rid),
+                    lambda body, reply, rid: wire.gemini_stream(reply, rid)),
+}
+
+
+def reply_for(protocol: str, body: Any) -> tuple[dict[str, Any], wire.Reply]:
+    """The validated body and the policy's reply to it, in `protocol`'s terms. Raises _BadRequest."""
+    messages, tools = _WIRES[protocol].read(body)
+    seed = _seed(protocol, body)
+    turn = next_turn(messages, tools, seed=seed if isinstance(seed, (int, str)) else json.dumps(seed))
+    return body, wire.make_reply(turn, messages, reasoning=_wants_reasoning(protocol, body),
+                                 limit=_output_limit(protocol, body))
+
+
+def completion(body: dict[str, Any], protocol: str = "chat") -> dict[str, Any]:
+    """The non-streaming response to a request body."""
+    body, reply = reply_for(protocol, body)
+    return _WIRES[protocol].answer(body, reply, _response_id(protocol))
+
+
+def stream_events(body: dict[str, Any], protocol: str = "chat") -> list[bytes]:
+    """The SSE events of a streaming response; they add up to the same answer as `completion(body)`."""
+    body, reply = reply_for(protocol, body)
+    return _WIRES[protocol].stream(body, reply, _response_id(protocol))
+
+
+def _response_id(protocol: str) -> str:
+    return f"{_WIRES[protocol].id_prefix}{uuid.uuid4().hex}"
+
+
+def _seed(protocol: str, body: dict[str, Any]) -> Any:
+    """What seeds the policy: chat's `seed` (else its `user`); Codex's `prompt_cache_key` (one per session);
+    Claude Code's `metadata.user_id`; Gemini's `generationConfig.seed`."""
+    if protocol == "chat":
+        return body.get("seed") if body.get("seed") is not None else body.get("user")
+    if protocol == "responses":
+        return body.get("prompt_cache_key") or body.get("user")
+    if protocol == "messages":
+        return (body.get("metadata") or {}).get("user_id")
+    return (body.get("generationConfig") or {}).get("seed")
+
+
+def _output_limit(protocol: str, body: dict[str, Any]) -> int | None:
+    if protocol == "chat":
+        return body.get("max_completion_tokens") or body.get("max_tokens")
+    if protocol == "responses":
+        return body.get("max_output_tokens")
+    if protocol == "messages":
+        return None  # Claude Code always sends a max_tokens far above anything the stand-in says
+    return (body.get("generationConfig") or {}).get("maxOutputTokens")
+
+
+def _wants_reasoning(protocol: str, body: dict[str, Any]) -> bool:
+    if protocol == "chat":
+        return body.get("reasoning_effort") not in (None, "none")
+    if protocol == "responses":
+        return isinstance(body.get("reasoning"), dict) and body["reasoning"].get("effort") != "none"
+    if protocol == "messages":
+        return (body.get("thinking") or {}).get("type") in ("enabled", "adaptive")
+    thinking = (body.get("generationConfig") or {}).get("thinkingConfig") or {}
+    return bool(thinking.get("includeThoughts"))
+
+
+def _handler(protocol: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        try:
+            body = await _json_body(request)
+            streamed = _is_streamed(protocol, request, body)
+            events = stream_events(body, protocol) if streamed else None
+            answer = None if streamed else completion(body, protocol)
+        except _BadRequest as exc:
+            return _error(400, str(exc), param=exc.param, protocol=protocol)
+        if request.app[_LATENCY]:
+            await asyncio.sleep(request.app[_LATENCY])
+        if answer is not None:
+            return web.json_response(answer, headers=_STAND_IN_HEADERS)
+        return await _stream(request, events or [])
+
+    return handle
+
+
+def _is_streamed(protocol: str, request: web.Request, body: Any) -> bool:
+    if protocol == "gemini":
+        return request.match_info["call"].endswith(":streamGenerateContent")
+    return isinstance(body, dict) and bool(body.get("stream"))
+
+
+async def _gemini(request: web.Request) -> web.StreamResponse:
+    # /v1beta/models/{model}:{method}: aiohttp cannot split on ':' in a route, so the handler does.
+    model, _, method = request.match_info["call"].partition(":")
+    if method not in ("generateContent", "streamGenerateContent") or not model:
+        return _error(404, f"unknown Gemini method {request.match_info['call']!r}", protocol="gemini")
+    return await _GEMINI_HANDLER(request)
+
+
+async def _count_tokens(request: web.Request) -> web.Response:
     try:
-        body = _validate(await _json_body(request))
+        messages, _ = wire.messages_read(await _json_body(request))
     except _BadRequest as exc:
-        return _error(400, str(exc), param=exc.param)
-    if request.app[_LATENCY]:
-        await asyncio.sleep(request.app[_LATENCY])
-    if not body.get("stream"):
-        return web.json_response(completion(body), headers=_STAND_IN_HEADERS)
-    return await _stream(request, stream_chunks(body))
+        return _error(400, str(exc), param=exc.param, protocol="messages")
+    return web.json_response({"input_tokens": wire.prompt_tokens(messages)}, headers=_STAND_IN_HEADERS)
 
 
-async def _stream(request: web.Request, chunks: list[dict[str, Any]]) -> web.StreamResponse:
+async def _preconnect(request: web.Request) -> web.Response:
+    return web.Response(status=200, headers=_STAND_IN_HEADERS)
+
+
+async def _stream(request: web.Request, events: list[bytes]) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **_STAND_IN_HEADERS}
     )
     await response.prepare(request)
-    for item in chunks:
-        await response.write(f"data: {json.dumps(item)}\n\n".encode())
+    for event in events:
+        await response.write(event)
         if request.app[_CHUNK_DELAY]:
             await asyncio.sleep(request.app[_CHUNK_DELAY])
-    await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
+
+
+_GEMINI_HANDLER = _handler("gemini")
 
 
 async def _list_models(request: web.Request) -> web.Response:
@@ -209,65 +296,18 @@ async def _json_body(request: web.Request) -> Any:
         raise _BadRequest(f"request body is not valid JSON: {exc}") from exc
 
 
-def _validate(body: Any) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise _BadRequest("request body must be a JSON object")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _BadRequest("'messages' must be a non-empty list", param="messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise _BadRequest(f"messages[{i}] must be an object with a 'role'", param=f"messages[{i}]")
-    if body.get("n", 1) != 1:
-        raise _BadRequest("the demo stand-in returns exactly one choice; 'n' must be 1", param="n")
-    seed = body.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise _BadRequest("'seed' must be an integer", param="seed")
-    for name in ("max_tokens", "max_completion_tokens"):
-        value = body.get(name)
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise _BadRequest(f"'{name}' must be a positive integer", param=name)
-    return body
-
-
-def _reply(body: dict[str, Any]) -> tuple[str, str]:
-    seed = body.get("seed")
-    content = next_reply(body["messages"], seed=seed if seed is not None else body.get("user"))
-    limit = body.get("max_completion_tokens") or body.get("max_tokens")
-    if limit is not None and _tokens(content) > limit:
-        return content[: limit * 4], "length"
-    return content, "stop"
-
-
-def _usage(messages: list[dict[str, Any]], content: str) -> dict[str, int]:
-    # Approximate tokens as characters / 4, plus a few per message for the chat template.
-    prompt = 3 + sum(4 + _tokens(_content_text(m.get("content"))) for m in messages)
-    completion_tokens = _tokens(content)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt + completion_tokens,
-    }
-
-
-def _content_text(content: Any) -> str:
-    return content if isinstance(content, str) else json.dumps(content or "")
-
-
-def _tokens(text: str) -> int:
-    return max(1, math.ceil(len(text) / 4))
-
-
-def _pieces(content: str) -> list[str]:
-    """Split into word-sized pieces (whitespace kept) so a stream looks like token deltas."""
-    return re.findall(r"\s*\S+|\s+", content)
-
-
-def _error(status: int, message: str, *, param: str | None = None, code: str | None = None) -> web.Response:
+def _error(
+    status: int, message: str, *, param: str | None = None, code: str | None = None, protocol: str = "chat"
+) -> web.Response:
+    """An error in the shape the request's protocol uses."""
     kind = "invalid_request_error" if status < 500 else "server_error"
-    payload = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    if protocol == "messages":
+        payload: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+    elif protocol == "gemini":
+        payload = {"error": {"code": status, "message": message, "status": "INVALID_ARGUMENT"}}
+    else:
+        payload = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return web.json_response(payload, status=status, headers=_STAND_IN_HEADERS)
-
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host

@@ -45,7 +45,14 @@ Episode = Generator[Action, str, None]
 
 
 def next_reply(messages: list[dict[str, Any]], *, seed: int | str | None = None) -> str:
-    """The assistant's next reply to `messages` (OpenAI chat format)."""
+    """The assistant's next reply to `messages` (OpenAI chat format), as text with a ```bash block."""
+    action, mini_swe = next_action(messages, seed=seed)
+    return render(action, mini_swe=mini_swe)
+
+
+def next_action(messages: list[dict[str, Any]], *, seed: int | str | None = None) -> tuple[Action, bool]:
+    """The next action for `messages` (OpenAI chat format: tool results are `tool` messages) and whether
+    the prompt is mini-swe-agent's (it submits by echoing its marker)."""
     system, first_user, observations = _read_conversation(messages)
     task = match_demo_task(first_user) or match_demo_task(system)
     rng = random.Random(_seed_bytes(first_user, seed))
@@ -53,7 +60,91 @@ def next_reply(messages: list[dict[str, Any]], *, seed: int | str | None = None)
     action = next(episode)
     for observation in observations:
         action = episode.send(observation)
-    return render(action, mini_swe=_MINI_SWE_SUBMIT in system)
+    return action, _MINI_SWE_SUBMIT in system or _MINI_SWE_SUBMIT in first_user
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool a request offers, whatever the protocol: its name and JSON-schema parameters."""
+
+    name: str
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What the model says next when tools are offered: some text, and a tool call or none (the end)."""
+
+    text: str
+    tool_call: ToolCall | None
+
+
+# Shell-like tools by the names harnesses give them (mini-swe-agent, Codex, Claude Code, gemini-cli /
+# qwen-code, Codex's older one, OpenHands), in order of preference.
+SHELL_TOOL_NAMES = ("bash", "exec_command", "Bash", "run_shell_command", "shell", "terminal", "execute_bash")
+
+
+def next_turn(
+    messages: list[dict[str, Any]], tools: list[Tool], *, seed: int | str | None = None
+) -> Turn:
+    """The next turn with tools: a command goes to the request's shell-like tool; the end is plain text
+    (what Codex, Claude Code and opencode take as the final answer), except for mini-swe-agent, whose run
+    ends on a command that prints its marker. Without a shell-like tool it answers in text, as `next_reply`."""
+    action, mini_swe = next_action(messages, seed=seed)
+    tool = shell_tool(tools)
+    if tool is None:
+        return Turn(render(action, mini_swe=mini_swe), None)
+    if action.kind == "submit":
+        if not mini_swe:
+            return Turn(action.thought, None)
+        return Turn(action.thought, ToolCall(tool.name, shell_arguments(tool, f"echo {_MINI_SWE_SUBMIT}", action.thought)))
+    return Turn(action.thought, ToolCall(tool.name, shell_arguments(tool, action.command, action.thought)))
+
+
+def shell_tool(tools: list[Tool]) -> Tool | None:
+    """The request's shell-like tool: one of SHELL_TOOL_NAMES, else any tool with a `command` or `cmd`."""
+    by_name = {tool.name: tool for tool in tools}
+    for name in SHELL_TOOL_NAMES:
+        if name in by_name:
+            return by_name[name]
+    return next((t for t in tools if {"command", "cmd"} & set(_properties(t))), None)
+
+
+def shell_arguments(tool: Tool, command: str, thought: str) -> dict[str, Any]:
+    """Arguments for `tool` that run `command`: its `command` (or `cmd`) property, as a string or, when the
+    schema wants an array (Codex's `shell`), as bash -lc; required properties besides are filled in plainly."""
+    properties = _properties(tool)
+    key = "cmd" if "cmd" in properties and "command" not in properties else "command"
+    wants_array = (properties.get(key) or {}).get("type") == "array"
+    arguments: dict[str, Any] = {key: ["bash", "-lc", command] if wants_array else command}
+    for name in tool.parameters.get("required") or []:
+        if name not in arguments and isinstance(properties.get(name), dict):
+            arguments[name] = _plain_value(name, properties[name], thought)
+    return arguments
+
+
+def _properties(tool: Tool) -> dict[str, Any]:
+    properties = tool.parameters.get("properties") if isinstance(tool.parameters, dict) else None
+    return properties if isinstance(properties, dict) else {}
+
+
+def _plain_value(name: str, schema: dict[str, Any], thought: str) -> Any:
+    if schema.get("enum"):
+        return schema["enum"][0]  # e.g. OpenHands' security_risk: LOW
+    kind = schema.get("type")
+    if kind == "boolean":
+        return False
+    if kind in ("integer", "number"):
+        return schema.get("default", 120)
+    if kind == "array":
+        return []
+    return thought.splitlines()[0][:80] if name == "description" else ""
 
 
 def render(action: Action, *, mini_swe: bool = False) -> str:
@@ -83,14 +174,15 @@ def edit_command(edits: list[Edit]) -> str:
 
 
 def tests_passed(observation: str) -> bool:
-    code = re.search(r"exit[ _]code:?\s*(-?\d+)", observation, re.IGNORECASE)
+    # "exit code: 1" (Trove's harness, Claude Code), "Process exited with code 1" (Codex)
+    code = re.search(r"exit(?:[ _]code|ed with code):?\s*(-?\d+)", observation, re.IGNORECASE)
     if code:
         return int(code.group(1)) == 0
     return bool(re.search(r"^OK\b", observation, re.MULTILINE)) and "FAILED" not in observation
 
 
 def _read_conversation(messages: list[dict[str, Any]]) -> tuple[str, str, list[str]]:
-    """(system text, first user text, one observation per assistant turn so far)."""
+    """(system text, the user text before the first reply, one observation per assistant turn so far)."""
     system, first_user = "", None
     observations: list[str] = []
     for message in messages:
@@ -101,8 +193,10 @@ def _read_conversation(messages: list[dict[str, Any]]) -> tuple[str, str, list[s
             system += text + "\n"
         elif observations:
             observations[-1] += text + "\n"
-        elif role == "user" and first_user is None:
-            first_user = text
+        elif role == "user":
+            # Every user message before the first reply: Codex and Claude Code send their context
+            # (environment, AGENTS.md, reminders) as user messages ahead of the prompt.
+            first_user = text if first_user is None else f"{first_user}\n{text}"
     return system, first_user or "", observations
 
 
