@@ -272,7 +272,8 @@
   }
   let frame = 0;
   function schedule() { if (!frame) frame = requestAnimationFrame(() => { frame = 0; render(); }); }
-  function render() {
+  function render({ anchored = true } = {}) {
+    const anchor = anchored ? anchorOf() : null; // what is at the top of the viewport stays there while chunks come and go
     const top = viewport.scrollTop, bottom = top + viewport.clientHeight;
     const first = chunkAt(Math.max(0, top - MARGIN)), last = chunkAt(bottom + MARGIN);
     for (const [c, el] of state.rendered) if (c < first || c > last) { el.remove(); state.rendered.delete(c); }
@@ -283,20 +284,24 @@
       before = el;
     }
     measure(first, last);
+    if (anchor && anchor.el.isConnected) viewport.scrollTop += anchor.el.getBoundingClientRect().top - anchor.top;
+  }
+  function anchorOf() {
+    const box = viewport.getBoundingClientRect();
+    for (const el of list.querySelectorAll("li.step")) {
+      const rect = el.getBoundingClientRect();
+      if (rect.bottom > box.top) return { el, top: rect.top };
+    }
+    return null;
   }
   function measure(first, last) {
-    let shift = 0; // height gained by chunks above the viewport's first chunk: keep what is in view in place
-    const anchor = chunkAt(viewport.scrollTop);
     for (let c = first; c <= last; c++) {
       const el = state.rendered.get(c);
-      if (!el || el.querySelector(".loading")) continue;
-      const hgt = el.offsetHeight;
-      if (state.heights[c] !== hgt) { if (c < anchor) shift += hgt - chunkHeight(c); state.heights[c] = hgt; }
+      if (el && !el.querySelector(".loading")) state.heights[c] = el.offsetHeight;
     }
     spacerTop.style.height = chunkTop(first) + "px";
     let below = 0; for (let c = last + 1, n = chunkCount(); c < n; c++) below += chunkHeight(c);
     spacerBottom.style.height = below + "px";
-    if (shift) viewport.scrollTop += shift;
   }
   function remeasure() { state.heights = state.heights.slice(); for (const c of state.rendered.keys()) state.heights[c] = null; schedule(); }
   function resetList() {
@@ -327,7 +332,7 @@
     await loadChunk(c);
     for (let attempt = 0; attempt < 3; attempt++) { // estimates above settle as chunks are measured
       viewport.scrollTop = chunkTop(c);
-      render();
+      render({ anchored: false });
       const el = document.getElementById("step-" + state.order[row]);
       if (el && !el.classList.contains("loading")) {
         const offset = el.getBoundingClientRect().top - viewport.getBoundingClientRect().top;
@@ -577,7 +582,7 @@
   function toggleHelp(show) { help.hidden = show === undefined ? !help.hidden : !show; }
   const searchInput = document.getElementById("run-search");
   document.addEventListener("keydown", (event) => {
-    if (event.target.closest("input, textarea, select")) {
+    if (event.target.closest("input:not([type=checkbox]), textarea, select")) { // typing, not a shortcut
       if (event.key === "Escape") event.target.blur();
       return;
     }
@@ -648,5 +653,9 @@
   });
   if (wanted.q) { searchInput.value = wanted.q; search(wanted.q); }
   else if (wanted.step !== undefined) jumpToSeq(wanted.step);
+  window.addEventListener("hashchange", () => { // a link to a step pasted into this page's address bar
+    const target = parseHash();
+    if (target.step !== undefined && state.order[state.current] !== target.step) jumpToSeq(target.step);
+  });
   document.body.dataset.runReady = "1";
 })();
