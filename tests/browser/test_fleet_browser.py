@@ -39,6 +39,8 @@ def test_an_operator_creates_scales_moves_and_drains_a_fleet(logged_in_page, liv
     page.click("#template-form button[type=submit]")
     page.wait_for_selector("#messages >> text=moves to python-sandbox v2")
     page.click("#drain-form button[type=submit]")
+    assert "terminate its 0 warm sandboxes" in page.locator("#confirm-will").inner_text()
+    page.click("#confirm-button")
     page.wait_for_selector("#hold >> text=Draining")
 
     fleet.refresh_from_db()

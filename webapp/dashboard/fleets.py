@@ -8,11 +8,13 @@ from django import forms
 from django.contrib import messages
 from django.http import Http404
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from experience.errors import NotFound, TroveError
 from webapp.access.permissions import scope_required
 from webapp.api.ranges import INT_MAX
+from webapp.dashboard.confirm import confirmation_page, is_confirmed
 from webapp.dashboard.forms import form_errors
 from webapp.fleets import selectors, services
 from webapp.fleets.models import EnvironmentTemplate, Fleet
@@ -108,6 +110,14 @@ def fleet_scale(request, fleet_id: int):
 @require_POST
 def fleet_drain(request, fleet_id: int):
     fleet = _fleet_or_404(fleet_id)
+    if not is_confirmed(request):
+        counts = selectors.state_counts(fleet)
+        return confirmation_page(request, title=f"Drain fleet {fleet.name}", button="Drain the fleet",
+                                 back_url=reverse("dashboard:fleet", args=[fleet.pk]), will=[
+            f"stop keeping fleet {fleet.name} warm and creating sandboxes (new rollouts on it wait)",
+            f"terminate its {counts.get('warm', 0)} warm sandboxes",
+            f"let its {counts.get('leased', 0)} leased sandboxes finish their rollouts",
+            "stay drained until someone scales it again"])
     _apply(request, lambda: services.fleet_drain(fleet=fleet, reason=f"drained by {request.user}"),
            f"Fleet {fleet.name} is draining: warm sandboxes go, leased ones finish.")
     return redirect("dashboard:fleet", fleet.pk)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from django.db.models import Count
+from django.db.models import Count, Q
 
 from webapp.fleets.models import Fleet, Sandbox
 from webapp.rollouts import selectors as rollout_selectors
-from webapp.rollouts.models import RolloutJob
+from webapp.rollouts import services as rollout_services
+from webapp.rollouts.models import Rollout, RolloutJob
 
 
 def fleets_overview() -> list[dict]:
@@ -27,3 +28,33 @@ def jobs_overview(*, limit: int = 20) -> list[RolloutJob]:
     for job in jobs:
         job.progress = progress[job.pk]  # type: ignore[attr-defined]
     return jobs
+
+
+def jobs_page(*, status: str = "", task_set: str = "", fleet: str = "", q: str = "", before: int | None = None,
+              limit: int = 50) -> tuple[list[RolloutJob], int | None]:
+    """A page of jobs, newest first, filtered, each with `progress` attached (two queries), and the cursor of
+    the next page (None on the last)."""
+    jobs = RolloutJob.objects.select_related("task_set", "fleet", "endpoint").order_by("-id")
+    if status:
+        jobs = jobs.filter(status=status)
+    if task_set:
+        jobs = jobs.filter(task_set__name=task_set)
+    if fleet:
+        jobs = jobs.filter(fleet__name=fleet)
+    if q:
+        jobs = jobs.filter(Q(name__icontains=q) | Q(pk=int(q)) if q.isdigit() else Q(name__icontains=q))
+    if before is not None:
+        jobs = jobs.filter(pk__lt=before)
+    page = list(jobs[: limit + 1])
+    more, page = len(page) > limit, page[:limit]
+    progress = rollout_selectors.jobs_progress(page)
+    for job in page:
+        job.progress = progress[job.pk]  # type: ignore[attr-defined]
+    return page, (page[-1].pk if more else None)
+
+
+def job_rerunnable_counts(*, job: RolloutJob) -> dict[str, int]:
+    """How many of the job's samples a re-run would run again, by status (one query)."""
+    rows = (Rollout.objects.filter(job_id=job.pk, status__in=rollout_services.RERUNNABLE, reruns__isnull=True)
+            .values_list("status").annotate(n=Count("id")).order_by("status"))
+    return {status: n for status, n in rows}

@@ -1,12 +1,17 @@
 from django.urls import path
 
-from webapp.dashboard import clusters, compare, datasets, explorer, views
+from webapp.dashboard import clusters, compare, datasets, explorer, jobs, views
 from webapp.dashboard import fleets as fleet_views
 
 app_name = "dashboard"
 urlpatterns = [
     path("", views.overview, name="overview"),
+    path("jobs/", jobs.job_list, name="jobs"),
+    path("jobs/new/", jobs.job_start, name="job-start"),
     path("jobs/<int:job_id>/", views.job_detail, name="job"),
+    path("jobs/<int:job_id>/cancel/", jobs.job_cancel, name="job-cancel"),
+    path("jobs/<int:job_id>/rerun-failed/", jobs.job_rerun_failed, name="job-rerun-failed"),
+    path("rollouts/<int:rollout_id>/cancel/", jobs.rollout_cancel, name="rollout-cancel"),
     path("trajectories/", explorer.explorer, name="explorer"),
     path("trajectories/curate/", explorer.explorer_curate, name="explorer-curate"),
     path("trajectories/import/", explorer.trajectory_import, name="trajectory-import"),

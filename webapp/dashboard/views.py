@@ -11,6 +11,7 @@ from experience.selectors import trajectory_get, trajectory_list
 from experience.services.curation import curation_history
 from webapp.access.permissions import scope_required
 from webapp.dashboard import selectors
+from webapp.dashboard.jobs import open_rollouts
 from webapp.dashboard.live import job_snapshot
 from webapp.rollouts import selectors as rollout_selectors
 from webapp.rollouts.models import Rollout
@@ -36,6 +37,7 @@ def job_detail(request, job_id: int):
     snapshot = job_snapshot(job=job)  # the live feed's figures, from one read of the job's rollouts
     return render(request, "dashboard/job.html", {
         "job": job, "progress": snapshot["progress"], "budget": snapshot["budget"], "grid": snapshot["grid"],
+        "open_rollouts": open_rollouts(job=job),
     })
 
 

@@ -47,6 +47,11 @@ TABLE: dict[str, dict[str, str]] = {
     # the dashboard
     "dashboard:overview": {"GET": "jobs:read"},
     "dashboard:job": {"GET": "jobs:read"},
+    "dashboard:jobs": {"GET": "jobs:read"},
+    "dashboard:job-start": {"GET": "jobs:read", "POST": "jobs:write"},
+    "dashboard:job-cancel": {"POST": "jobs:write"},
+    "dashboard:job-rerun-failed": {"POST": "jobs:write"},
+    "dashboard:rollout-cancel": {"POST": "jobs:write"},
     "dashboard:explorer": {"GET": "trajectories:read"},
     "dashboard:explorer-curate": {"POST": "trajectories:curate"},
     "dashboard:trajectory-import": {"GET": "trajectories:read", "POST": "trajectories:write"},
