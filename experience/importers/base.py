@@ -302,6 +302,16 @@ def reasoning_text(content: Any) -> str:
     return "\n".join(texts)
 
 
+def side_reasoning(message: dict[str, Any]) -> str:
+    """Reasoning a provider returns beside the content rather than in it: `reasoning_content` (DeepSeek, and
+    Gemini through LiteLLM), `reasoning` (OpenRouter), `thinking` text, or LiteLLM's `thinking_blocks`."""
+    for key in ("reasoning_content", "reasoning", "thinking"):
+        if isinstance(message.get(key), str) and message[key]:
+            return message[key]
+    blocks = [b.get("thinking") for b in message.get("thinking_blocks") or [] if isinstance(b, dict)]
+    return "\n".join(t for t in blocks if isinstance(t, str) and t)
+
+
 def openai_tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
     """One tool call in OpenAI shape. Arguments given as text are kept verbatim."""
     if not isinstance(arguments, str):

@@ -19,6 +19,7 @@ from experience.importers.base import (
     normalise_tool_calls,
     reasoning_text,
     shell_command,
+    side_reasoning,
     tool_call_parts,
 )
 from experience.records import MessageRecord, StepRecord
@@ -59,7 +60,7 @@ def _model_call(message: dict[str, Any], context: list[MessageRecord]) -> StepRe
         kind="model_call",
         request_messages=context,
         response_text=content_text(message.get("content")),
-        text=reasoning_text(message.get("content")) or _str(message.get("reasoning_content")),
+        text=reasoning_text(message.get("content")) or side_reasoning(message),
         tool_calls=normalise_tool_calls(message.get("tool_calls")),
         model=message.get("model") if isinstance(message.get("model"), str) else None,
     )
@@ -116,7 +117,3 @@ def _action_steps(
 
 def _tool_payload(call_id: Any) -> dict[str, Any]:
     return {"tool_call_id": call_id} if isinstance(call_id, str) and call_id else {}
-
-
-def _str(value: Any) -> str:
-    return value if isinstance(value, str) else ""

@@ -13,7 +13,10 @@ the exit status.
 
 Steps: opening system / user messages -> `message`; assistant -> `model_call` (context = messages before
 it, tokens and model from the saved response) then one `command` per action with its output and exit code;
-other user / tool messages (format errors, timeouts) -> `observation`; the exit message -> `note`.
+other user / tool messages (format errors) -> `observation`; the exit message -> `note`. A timeout
+("The last command <command>...</command> timed out and has been killed", format 1) answers its command:
+the command gets the output shown, is_error, no exit code, and the whole message in
+payload["timeout_message"].
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from experience.importers.base import (
     read_tail,
     ref_name,
     require,
+    side_reasoning,
     sum_counts,
     text_or_empty,
     unique_call_ids,
@@ -51,6 +55,8 @@ _MARKER = re.compile(rb'"trajectory_format"\s*:\s*"mini-swe-agent')
 _BASH_BLOCK = re.compile(r"```(?:bash|mswea_bash_command)\s*\n(.*?)\n```", re.DOTALL)
 _RETURNCODE = re.compile(r"^\s*(?:<exception>.*?</exception>\s*)?<returncode>(-?\d+)</returncode>", re.DOTALL)
 _OUTPUT = re.compile(r"<output>\n?(.*?)\n?</output>", re.DOTALL)
+# mini-swe-agent's timeout_template: "The last command <command>...</command> timed out and has been killed."
+_TIMEOUT = re.compile(r"^\s*The last command <command>.*?</command> timed out and has been killed", re.DOTALL)
 
 
 def detect(path: Path, head: bytes) -> bool:
@@ -143,7 +149,7 @@ def _model_call(
         kind="model_call",
         request_messages=context,
         response_text=content_text(message.get("content")),
-        text=content_text(message.get("reasoning_content")),
+        text=side_reasoning(message),  # the thought a provider returns beside the content (Gemini's, ...)
         tool_calls=normalise_tool_calls(message.get("tool_calls")),
         model=response.get("model") if isinstance(response.get("model"), str) else None,
         tokens_in=count_or_none(usage.get("prompt_tokens", usage.get("input_tokens"))),
@@ -175,7 +181,8 @@ def _command(action: dict[str, Any], call: StepRecord) -> tuple[str | None, Step
 def _is_result(message: dict, extra: dict) -> bool:
     if "returncode" in extra or "raw_output" in extra:
         return True
-    return bool(_RETURNCODE.match(content_text(message.get("content"))))
+    content = content_text(message.get("content"))
+    return bool(_RETURNCODE.match(content) or _TIMEOUT.match(content))
 
 
 def _take(pending: list[tuple[str | None, StepRecord]], call_id: Any) -> StepRecord:
@@ -195,6 +202,9 @@ def _fill_output(step: StepRecord, message: dict, extra: dict, loc: Location, in
         output = _OUTPUT.search(content)
         step.exit_code = int(code.group(1)) if code else None
         step.output = output.group(1) if output else content
+        if code is None and _TIMEOUT.match(content):  # killed: no exit code; the message stays with it
+            step.is_error = True
+            step.payload["timeout_message"] = content
     if extra.get("exception_info"):
         step.is_error = True
         step.payload["exception_info"] = extra["exception_info"]

@@ -111,3 +111,17 @@ def test_a_valid_json_file_of_unknown_shape_says_so_not_corrupted(tmp_path: Path
     with pytest.raises(ImportFormatError) as caught:
         detect_format(path)
     assert "valid JSON of an unknown shape" in str(caught.value) and "corrupted" not in str(caught.value)
+
+
+@pytest.mark.parametrize("field", [
+    {"reasoning_content": "think first"},  # Gemini through LiteLLM, DeepSeek
+    {"reasoning": "think first"},  # OpenRouter
+    {"thinking_blocks": [{"type": "thinking", "thinking": "think first", "signature": "x"}]},  # LiteLLM
+])
+def test_reasoning_returned_beside_the_content_is_the_model_calls_thought(tmp_path: Path, field: dict) -> None:
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps([{"task_id": "t", "messages": [
+        {"role": "user", "content": "q"}, {"role": "assistant", "content": "a", **field}]}], indent=2))
+    [record] = read_all(path)
+    call = next(s for s in record.steps if s.kind == "model_call")
+    assert (call.text, call.response_text) == ("think first", "a")

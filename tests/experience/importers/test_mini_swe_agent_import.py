@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 from experience.importers import iter_records
@@ -124,3 +125,18 @@ def test_format_1_1_run_fields() -> None:
     assert sum(c.tokens_in for c in calls) == 2210 + 2490 + 2561 + 2790 + 2901
     assert calls[0].tool_calls[1]["function"]["name"] == "bash"
     assert record.final_diff.startswith("diff --git a/django/contrib/auth/validators.py")
+
+
+def test_a_timed_out_command_keeps_its_timeout_message_and_is_an_error_without_exit_code(tmp_path) -> None:
+    raw = json.loads(MINI_V1.read_bytes())
+    timeout = ("The last command <command>grep -rn \"def divide\" src/</command> timed out and has been killed.\n"
+               "The output of the command was:\n <output>\nsrc/calc.py:12:def divide(a, b):\n</output>\n"
+               "Please try another command and make sure to avoid those requiring interactive input.")
+    raw["messages"][3]["content"] = timeout
+    path = tmp_path / "timeout.traj.json"
+    path.write_text(json.dumps(raw))
+    [record] = list(iter_records(path))
+    first = next(s for s in record.steps if s.kind == "command")
+    assert (first.command, first.exit_code, first.is_error) == ('grep -rn "def divide" src/', None, True)
+    assert first.output == "src/calc.py:12:def divide(a, b):" and first.payload["timeout_message"] == timeout
+    assert not any(s.kind == "observation" and s.text == timeout for s in record.steps)
