@@ -55,12 +55,17 @@ class TroveClient:
     # --- jobs --------------------------------------------------------------------------------------
 
     def submit_job(self, *, task_set: str, fleet: str, endpoint: str, model_name: str | None = None,
-                   samples_per_task: int = 1, sampling: str = "uniform", **options: Any) -> dict:
+                   samples_per_task: int = 1, sampling: str = "uniform", harness: str = "builtin",
+                   **options: Any) -> dict:
         """Start a rollout job against the registered model endpoint `endpoint` (see list_endpoints) and one of
-        its models (default: its first). Options: name, task_keys, harness, harness_command, max_steps,
-        max_tokens, wall_time_s, concurrency, adaptive_first_round. Returns the job with its status."""
+        its models (default: its first). `harness`: "builtin" (Trove's own loop), a preset of the harness
+        catalogue ("claude-code", "codex", "opencode", "mini-swe-agent", "qwen-code", "gemini-cli"; "NAME@VERSION"
+        for a version other than the pinned one, which the server must have installed), or "external" with
+        `harness_command=` (any CLI agent). Other options: name, task_keys, max_steps, max_tokens,
+        wall_time_s, concurrency, adaptive_first_round. Returns the job with its status; its `harness` is the
+        stored form (a preset as NAME@VERSION)."""
         body = {"task_set": task_set, "fleet": fleet, "endpoint": endpoint, "samples_per_task": samples_per_task,
-                "sampling": sampling, **options}
+                "sampling": sampling, "harness": harness, **options}
         if model_name:
             body["model_name"] = model_name
         return self._request("POST", "/api/v1/jobs/", body)

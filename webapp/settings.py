@@ -8,6 +8,7 @@ Two ways to run, one code path:
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -182,6 +183,13 @@ TROVE_SANDBOX_BACKEND = env_choice("TROVE_SANDBOX_BACKEND", "local", ("local", "
 # The sandboxes' uids must pass through every parent of the sandbox root and the proxy socket: as root these
 # live outside the owner-only var/, under /var/lib/trove-sandboxes/<var/'s hash> (webapp/var_dir.py).
 TROVE_SANDBOX_ROOT = Path(env_str("TROVE_SANDBOX_ROOT") or sandbox_host_dir(VAR_DIR) / "sandboxes")
+# Harness bundles (`manage.py harness install`), one read-only tree per preset version, shared by every
+# checkout and CI run on the host; mounted into local sandboxes at /opt/trove/bundles.
+TROVE_HARNESS_DIR = Path(env_str("TROVE_HARNESS_DIR") or (
+    "/var/cache/trove/harnesses" if os.geteuid() == 0 else Path.home() / ".cache" / "trove" / "harnesses"))
+# Turns a job's harness name into its stored form (a preset's pinned version filled in), raising ValueError for
+# a name outside the harness catalogue; a setting so that the API checks jobs without importing workers.
+TROVE_HARNESS_CANONICAL = "workers.harness.presets.canonical"
 TROVE_KUBE_NAMESPACE = env_str("TROVE_KUBE_NAMESPACE", "trove-sandboxes")
 TROVE_KUBECONFIG = env_str("KUBECONFIG")
 TROVE_PROXY_HOST = env_str("TROVE_PROXY_HOST", "127.0.0.1")

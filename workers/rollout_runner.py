@@ -5,7 +5,9 @@ Called by the Celery task `trove.rollouts.run` with a rollout id; safe to call t
 proxy; this module records the command, eval and sandbox steps.
 
 Harnesses: `builtin` (the bash-acting loop in workers/harness/builtin.py, run here, its commands executed in
-the sandbox) and `external` (RolloutJob.harness_command run inside the sandbox, see workers/harness/external.py).
+the sandbox), `external` (RolloutJob.harness_command run inside the sandbox, see workers/harness/external.py),
+and the presets of the harness catalogue (`claude-code`, `codex@0.171.0`, ...: workers/harness/presets/), run
+the external way from their installed bundle, their native logs collected and their own verdict heard.
 
 Attempts: every attempt has its own trajectory and its own proxy token (a new token per attempt), so a model
 call made by an earlier attempt's harness — still running in a sandbox not yet reaped — can only land in that
@@ -58,6 +60,7 @@ from webapp.rollouts.models import Rollout
 from workers import eval_integrity, fleet_ops
 from workers.harness import external
 from workers.harness.builtin import openai_chat, run_builtin_harness
+from workers.harness.presets import rollout as preset_rollout
 from workers.sandboxes.base import ExecResult, SandboxError
 from workers.sandboxes.bwrap import PROXY_PORT
 
@@ -247,6 +250,7 @@ def _open_trajectory(rollout: Rollout):
         metadata={"job_id": job.pk, "rollout_id": rollout.pk, "sample_index": rollout.sample_index,
                   "attempt": rollout.attempt, "fleet": job.fleet.name, "harness_command": job.harness_command,
                   "model_endpoint": job.endpoint.name, "model_protocol": job.endpoint.protocol,
+                  "model_base_url": job.endpoint.base_url, **preset_rollout.harness_facts(job.harness),
                   "template": str(job.fleet.template), "template_spec_hash": job.fleet.template.spec_hash},
     ))
 
@@ -283,11 +287,11 @@ class Attempt:
     # --- steps of an attempt ---------------------------------------------------------------------------
 
     def claim(self) -> None:
-        if self.job.harness == "external":
+        preset = preset_rollout.preset_of(self.job.harness)  # a name outside the catalogue: refused here
+        if preset is not None and self.job.fleet.backend == "local":
+            preset_rollout.check_installed(*preset, str(settings.TROVE_HARNESS_DIR))
+        if self.job.harness != "builtin":
             _external_base_url(self.job.fleet)  # fail before taking a sandbox the harness could not use
-        elif self.job.harness != "builtin":
-            raise SandboxError(f"unknown harness {self.job.harness!r} (builtin or external)",
-                               reason="bad_harness", permanent=True)
         lease = fleet_ops.sandbox_claim(fleet=self.job.fleet, holder=f"rollout:{self.rollout.pk}:{self.worker}")
         self.lease = self.heartbeat.lease = lease
         if lease.sandbox.cold_claim:  # the wait was the sandbox being created, not scheduling
@@ -313,7 +317,7 @@ class Attempt:
         """Run the job's harness; returns its step count (model turns). Raises InfraFailure when the model
         server or the sandbox failed rather than the agent."""
         with RecordCatchUp():
-            if self.job.harness == "external":
+            if self.job.harness != "builtin":  # a custom command or a preset (checked in claim)
                 return self.run_external()
             return self.run_builtin()
 
@@ -361,8 +365,11 @@ class Attempt:
             seed=_seed(rollout), task_key=rollout.task.key, rollout_id=rollout.pk, max_steps=job.max_steps,
             max_tokens=job.max_tokens,
         )
+        preset = preset_rollout.preset_of(job.harness)
+        launch = preset_rollout.prepare(*preset, setup) if preset else None
         outcome = external.run_external_harness(
-            command=job.harness_command, instruction=rollout.task.instruction, setup=setup,
+            command=launch.script if launch else job.harness_command, instruction=rollout.task.instruction,
+            setup=setup, extra_env=launch.env if launch else None,
             stage_file=lambda path, text: fleet_ops.sandbox_write_files(lease, {path: text}),
             execute=lambda script: _closing_connection(fleet_ops.sandbox_exec, lease, script,
                                                        timeout=job.wall_time_s, max_output=HARNESS_OUTPUT_BYTES,
@@ -373,16 +380,28 @@ class Attempt:
         calls = _settled_model_calls(self.trajectory_id)
         self.model_calls = len(calls)
         self.account_external(outcome, calls)
-        self.record(_harness_step(job.harness_command, outcome, _external_base_url(job.fleet), len(calls)))
+        self.record(_harness_step(launch.display if launch else job.harness_command, outcome,
+                                  _external_base_url(job.fleet), len(calls), harness=job.harness))
         if outcome.cancelled:
             raise RolloutCancelled(f"rollout {rollout.pk} was taken away while its harness ran; harness killed")
         failure = _external_failure(outcome, calls)
+        if failure is None and launch is not None:
+            failure = self.judge_preset(launch, outcome, len(calls))
         if failure is not None:
             raise failure
         self.record(StepRecord(kind="note", started_at=now(), text=f"harness ended: {outcome.reason}",
                                payload={"reason": outcome.reason, "steps": len(calls),
                                         "exit_code": outcome.result.exit_code}))
         return len(calls)
+
+    def judge_preset(self, launch, outcome: external.ExternalOutcome, calls: int) -> InfraFailure | None:
+        """Collect the preset's native logs (kept beside the proxy's records), then its verdict: a harness
+        that never reached the model, exited with an error or whose own tools failed is infra, not data."""
+        files = preset_rollout.collect_native_logs(launch.preset, lambda script, cap: self.exec(
+            script, timeout=60, max_output=cap, reason="collect native logs"))
+        self.record(preset_rollout.native_log_step(launch, files))
+        message = preset_rollout.failure(launch, outcome.result, files, calls)
+        return InfraFailure(message, reason="harness_failed") if message else None
 
     def account_external(self, outcome: external.ExternalOutcome, calls: list[dict]) -> None:
         model_ms = sum(call["duration_ms"] or 0.0 for call in calls)
@@ -672,11 +691,12 @@ def _external_failure(outcome: external.ExternalOutcome, calls: list[dict]) -> I
     return InfraFailure(failure.message, reason="model_error", permanent=failure.permanent)
 
 
-def _harness_step(command: str, outcome: external.ExternalOutcome, proxy_url: str, calls: int) -> StepRecord:
+def _harness_step(command: str, outcome: external.ExternalOutcome, proxy_url: str, calls: int, *,
+                  harness: str = "external") -> StepRecord:
     result = outcome.result
     step = _command_step(command, result, outcome.started_at, outcome.ended_at)
-    step.text = f"external harness: {outcome.reason} after {result.duration_ms / 1000:.1f}s, {calls} model call(s)"
-    step.payload.update({"harness": "external", "reason": outcome.reason, "model_calls": calls,
+    step.text = f"{harness} harness: {outcome.reason} after {result.duration_ms / 1000:.1f}s, {calls} model call(s)"
+    step.payload.update({"harness": harness, "reason": outcome.reason, "model_calls": calls,
                          # the token is a credential while the rollout runs: not in the record
                          "base_url": f"{proxy_url}/r/<token>/v1"})
     return step

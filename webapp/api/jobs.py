@@ -7,7 +7,9 @@ endpoint (webapp/api/endpoints.py): no URL and no key, or reference to one, is a
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.urls import path, reverse
+from django.utils.module_loading import import_string
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.pagination import CursorPagination
@@ -31,6 +33,19 @@ RETIRED_FIELDS = ("model_base_url", "api_key_ref")
 DEFAULT_PAGE, MAX_PAGE = 100, 1000
 
 
+
+def harness_checked(harness: str, harness_command: str) -> str:
+    """The job's harness as stored: `builtin`, `external` (with a command of its own) or a catalogue preset
+    as NAME@VERSION (its pinned version filled in). Raises ValueError naming what is wrong. The catalogue
+    lives with the workers; it is reached through a setting, so webapp imports nothing of workers."""
+    canonical = import_string(settings.TROVE_HARNESS_CANONICAL)(harness)
+    if canonical == "external" and not harness_command.strip():
+        raise ValueError("harness 'external' runs harness_command in the sandbox: give one, or name a preset")
+    if canonical not in ("builtin", "external") and harness_command.strip():
+        raise ValueError(f"preset {canonical} runs its own command: leave harness_command empty")
+    return canonical
+
+
 # --- serializers ---------------------------------------------------------------------------------------
 
 class JobSubmitSerializer(serializers.Serializer):
@@ -39,7 +54,9 @@ class JobSubmitSerializer(serializers.Serializer):
     task_keys = serializers.ListField(child=serializers.CharField(), required=False, allow_empty=False,
                                       help_text="only these tasks of the set (default: all)")
     fleet = serializers.CharField(max_length=100, help_text="fleet name")
-    harness = serializers.CharField(max_length=100, required=False, default="builtin")
+    harness = serializers.CharField(max_length=100, required=False, default="builtin",
+                                    help_text="builtin, external (with harness_command), or a preset of the "
+                                              "harness catalogue: NAME or NAME@VERSION (claude-code, codex, ...)")
     harness_command = serializers.CharField(required=False, default="", allow_blank=True)
     endpoint = serializers.CharField(max_length=100, help_text="a registered model endpoint's name "
                                                                "(GET /api/v1/endpoints/)")
@@ -59,6 +76,10 @@ class JobSubmitSerializer(serializers.Serializer):
                 raise serializers.ValidationError(
                     {field: "jobs take no URL or key: name a registered model endpoint in `endpoint` "
                             "(GET /api/v1/endpoints/; an admin or ops registers them with their keys)"})
+        try:
+            attrs["harness"] = harness_checked(attrs.get("harness", "builtin"), attrs.get("harness_command", ""))
+        except ValueError as error:
+            raise serializers.ValidationError({"harness": str(error)}) from error
         return attrs
 
 

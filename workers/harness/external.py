@@ -124,15 +124,17 @@ def run_external_harness(
     should_stop: Callable[[], bool],
     poll_s: float = 0.2,
     kill_grace_s: float = 30.0,
+    extra_env: dict[str, str] | None = None,
 ) -> ExternalOutcome:
     """Run `command` once in the sandbox and wait for it. `stage_file(path, text)` writes into the workspace;
     `execute(script)` runs a script there and blocks (its timeout is the wall-time budget); `kill(script)`
     runs the kill script. When `should_stop()` turns true (the rollout was cancelled or taken back), the
-    harness's process group is killed and the outcome says `cancelled`. Never raises for the harness's own
+    harness's process group is killed and the outcome says `cancelled`. `extra_env` (a preset's) is exported
+    after the usual environment and wins over it. Never raises for the harness's own
     failure: a non-zero exit is an outcome. Errors of `execute` (the sandbox failed) propagate."""
     stage_file(STAGED_INSTRUCTION, instruction)
     started_at = datetime.now(UTC)
-    runner = Background(execute, harness_script(command, harness_env(setup)))
+    runner = Background(execute, harness_script(command, {**harness_env(setup), **(extra_env or {})}))
     cancelled = False
     while not runner.wait(poll_s):
         if should_stop():

@@ -10,6 +10,8 @@ What a sandbox sees:
                                   the sandbox's host workspace directory (root) or by bwrap inside
     /opt/trove/agent              the agent (bytecode, or source under a rootfs), read-only
     /opt/trove/harness            Trove's example harnesses (workers/harness/examples), read-only
+    /opt/trove/bundles            the installed harness bundles (TROVE_HARNESS_DIR, workers/harness/presets/
+                                  bundles.py), read-only, when the backend has a bundle directory
     /run/proxy/                   network "proxy-only": the directory of the recording proxy's Unix socket
                                   (the directory, so a restarted proxy's new socket is seen), reached from
                                   inside at http://127.0.0.1:18080 through the agent's forwarder
@@ -44,6 +46,7 @@ WORKSPACE = "/workspace"
 SOCKET_NAME = "agent.sock"
 AGENT_PATH = "/opt/trove/agent"  # python runs a file with a .pyc magic number as bytecode
 HARNESS_DIR = "/opt/trove/harness"
+BUNDLES_DIR = "/opt/trove/bundles"
 PROXY_DIR = "/run/proxy"
 PROXY_PORT = 18080
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -125,6 +128,7 @@ class Launch:
     share_net: bool = False
     proxy_socket: str = ""  # host path, for network "proxy-only"; its directory is bound in
     harness: bool = False  # bind shared_dir/harness (the example harnesses) at HARNESS_DIR
+    bundles: str = ""  # host directory of the harness bundles, bound read-only at BUNDLES_DIR
     tmp_size_mb: int | None = None
     env: tuple[tuple[str, str], ...] = ()
     # (info fd, block fd) when the agent and commands get two users: bwrap writes the child's pid to the
@@ -158,6 +162,7 @@ def bwrap_args(launch: Launch) -> list[str]:
         "--dir", "/opt/trove",
         "--ro-bind", os.path.join(launch.shared_dir, agent_file(launch)), AGENT_PATH,
         *(["--ro-bind", os.path.join(launch.shared_dir, "harness"), HARNESS_DIR] if launch.harness else []),
+        *(["--ro-bind", launch.bundles, BUNDLES_DIR] if launch.bundles else []),
         *(["--ro-bind", os.path.dirname(launch.proxy_socket), PROXY_DIR] if launch.proxy_socket else []),
         "--remount-ro", "/",
         "--chdir", WORKSPACE,

@@ -130,6 +130,7 @@ class LocalBackend(SandboxBackend):
         python: str = "/usr/bin/python3",
         setpriv: str = "/usr/bin/setpriv",
         harness_dir: str | os.PathLike[str] | None = HARNESS_EXAMPLES,
+        bundle_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.root = os.path.abspath(root)
         if os.geteuid() == 0 and host_uid is None:
@@ -148,6 +149,8 @@ class LocalBackend(SandboxBackend):
         self.python = python
         self.setpriv = setpriv
         self.harness_dir = harness_dir
+        # Harness bundles (read-only at /opt/trove/bundles); made here so a bundle installed later is seen.
+        self.bundle_dir = os.path.abspath(bundle_dir) if bundle_dir else ""
         self.cgroups = CgroupManager(cgroup_parent, enabled=use_cgroups)
         self.limits_enforced = self.cgroups.enforced
         self.root_tag = hashlib.sha256(self.root.encode()).hexdigest()[:8]
@@ -280,9 +283,16 @@ class LocalBackend(SandboxBackend):
             name=spec.name, paths=paths, shared_dir=self.shared_dir, python=self.python,
             rootfs=os.path.abspath(spec.rootfs) if spec.rootfs else "", share_net=self._share_net(spec),
             proxy_socket=self._proxy_socket(spec), tmp_size_mb=spec.disk_mb, harness=self.harness_dir is not None,
+            bundles=self._bundles(),
             env=tuple(sorted(spec.env.items())),
             workspace_tmpfs_mb=None if self.host_workspace_mounts else quota.workspace_size_mb(spec.disk_mb),
         )
+
+    def _bundles(self) -> str:
+        """The bundle directory, made on first use: bound as a directory so later installs show up inside."""
+        if self.bundle_dir:
+            os.makedirs(self.bundle_dir, mode=0o755, exist_ok=True)
+        return self.bundle_dir
 
     def _mount_workspace(self, spec: SandboxSpec, paths: bwrap.SandboxPaths) -> None:
         """The workspace's size limit, where the host can mount: a tmpfs of disk_mb on its directory."""

@@ -24,7 +24,7 @@ def _build(kind: str) -> SandboxBackend:
     if kind == "local":
         from workers.sandboxes.local import LocalBackend
 
-        return LocalBackend(root=settings.TROVE_SANDBOX_ROOT)
+        return LocalBackend(root=settings.TROVE_SANDBOX_ROOT, bundle_dir=settings.TROVE_HARNESS_DIR)
     if kind == "kubernetes":
         from workers.sandboxes.kubernetes import KubernetesBackend
 

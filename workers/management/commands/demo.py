@@ -3,6 +3,11 @@
 The demo model is an offline stand-in for a real model server; any OpenAI-compatible base URL works in
 its place (`--model-url`). Either is registered as a model endpoint (`demo-model`, `demo-external`) with
 private addresses allowed: whoever runs `manage.py demo` administers this Trove.
+
+`--harness NAME[@VERSION]` runs the job with a preset of the harness catalogue (Claude Code, Codex, opencode,
+mini-swe-agent, ...) instead of the built-in loop: its bundle is installed first if it is not yet (progress
+shown), the rollouts run in a proxy-only fleet (the harness reaches the model only through the proxy), and
+the summary names the harness, its version and the protocol it spoke.
 """
 
 from __future__ import annotations
@@ -12,11 +17,13 @@ import time
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Sum
 
 from webapp.rollouts.models import Rollout, RolloutJob
 from webapp.rollouts.services import job_create, job_progress
+from workers.harness.presets import UnknownHarness, resolve
+from workers.harness.presets.bundles import InstallFailed, bundle_installed, harness_install
 from workers.seed import DEMO_MODEL_NAME, seed_admin, seed_demo_endpoint, seed_demo_task_set, seed_local_fleet
 from workers.stack import demo_model_v1, start_embedded_stack
 from workers.tasks.fleets import reconcile_all
@@ -33,6 +40,8 @@ class Command(BaseCommand):
         parser.add_argument("--tasks", type=int, default=0, help="only the first N demo tasks (0 = all)")
         parser.add_argument("--model-url", default="", help="an OpenAI-compatible base URL instead of the demo model")
         parser.add_argument("--model-name", default=DEMO_MODEL_NAME)
+        parser.add_argument("--harness", default="builtin",
+                            help="builtin, or a harness preset: NAME or NAME@VERSION (installed first if needed)")
         parser.add_argument("--serve", choices=("0", "1"), default=None,
                             help="serve the dashboard afterwards (default: DEMO_SERVE, else 1)")
         parser.add_argument("--addr", default="127.0.0.1:8000")
@@ -46,8 +55,10 @@ class Command(BaseCommand):
             self.stdout.write("Stopped; its sandboxes were destroyed.")
 
     def _run(self, options):
+        harness = self._harness(options["harness"])
         call_command("migrate", verbosity=0)
-        task_set, fleet = seed_demo_task_set(), seed_local_fleet()
+        task_set = seed_demo_task_set()
+        fleet = seed_local_fleet() if harness == "builtin" else _harness_fleet()
         username, password = seed_admin()
         stack = start_embedded_stack(demo_model=not options["model_url"], concurrency=options["concurrency"])
         try:
@@ -60,7 +71,7 @@ class Command(BaseCommand):
                               "at a time (--concurrency)")
             started = time.monotonic()
             job = job_create(task_set=task_set, fleet=fleet, endpoint=endpoint, model_name=options["model_name"],
-                             samples_per_task=options["samples"], max_steps=options["max_steps"],
+                             samples_per_task=options["samples"], max_steps=options["max_steps"], harness=harness,
                              task_keys=self._task_keys(task_set, options["tasks"]),
                              name=f"demo: {task_set.name} x {options['samples']}", enqueue=enqueue_rollout)
             self._wait(job)
@@ -74,6 +85,25 @@ class Command(BaseCommand):
             self.stdout.write("Stopping: destroying the demo's sandboxes ...")
             with _signals_held():  # a second Ctrl-C must not cut the cleanup short
                 stack.stop()
+
+    def _harness(self, name: str) -> str:
+        """The job's harness as stored (NAME@VERSION for a preset), its bundle installed."""
+        try:
+            resolved = resolve(name)
+        except UnknownHarness as error:
+            raise CommandError(str(error)) from error
+        if resolved is None:
+            return name
+        preset, version = resolved
+        if not bundle_installed(settings.TROVE_HARNESS_DIR, preset, version):
+            self.stdout.write(f"Installing {preset.name}@{version} ({preset.package.spec(version)}) into "
+                              f"{settings.TROVE_HARNESS_DIR} ...")
+            try:
+                harness_install(preset=preset, version=version, root=settings.TROVE_HARNESS_DIR,
+                                progress=self.stdout.write)
+            except InstallFailed as error:
+                raise CommandError(f"{preset.name}@{version} could not be installed: {error}") from error
+        return f"{preset.name}@{version}"
 
     @staticmethod
     def _endpoint(stack, options):
@@ -125,6 +155,34 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(
             f"Job {job.pk}: {rollouts.count()} rollouts, {succeeded} succeeded, {infra} infra errors, "
             f"{steps} steps recorded, wall time {seconds:.1f} s"))
+        resolved = resolve(job.harness)
+        if resolved is not None:
+            preset, version = resolved
+            self.stdout.write(f"Harness {preset.title} ({preset.name}) version {version}, speaking the "
+                              f"{PROTOCOL_NAMES[preset.protocol]} protocol to the proxy; model {job.model_name} "
+                              f"at endpoint {job.endpoint.name} ({job.endpoint.protocol})")
+
+
+PROTOCOL_NAMES = {"chat": "OpenAI Chat Completions", "responses": "OpenAI Responses",
+                  "messages": "Anthropic Messages", "gemini": "Gemini API"}
+HARNESS_FLEET = "local-demo-harness"
+
+
+def _harness_fleet():
+    """A fleet for real harnesses: proxy-only network (the model through the proxy and nothing else), and the
+    memory and processes a native CLI agent needs (the built-in loop's fleet is smaller and offline)."""
+    from webapp.fleets import services as fleet_services
+    from webapp.fleets.models import EnvironmentTemplate, Fleet
+
+    fleet = Fleet.objects.filter(name=HARNESS_FLEET).first()
+    if fleet:
+        return fleet
+    template = EnvironmentTemplate.objects.filter(name=HARNESS_FLEET).order_by("-version").first()
+    if template is None:
+        template = fleet_services.template_create(name=HARNESS_FLEET, cpu=1.0, memory_mb=2048, pids=1024,
+                                                  network="proxy-only", max_lifetime_s=3600, idle_timeout_s=900)
+    return fleet_services.fleet_create(name=HARNESS_FLEET, template=template, backend="local", min_warm=2,
+                                       max_warm=8, max_total=16)
 
 
 def _interrupt(signum, frame):

@@ -1,0 +1,178 @@
+"""Every harness preset solves a demo task end to end: its real CLI agent (installed bundle, read-only in the
+sandbox) in a bubblewrap sandbox whose only network is the recording proxy, against the demo model in the
+protocol it speaks; the reward comes from the task's tests, every call the demo model served is recorded,
+and the replay shows the harness's tool calls.
+
+The bundles come from the registries through `manage.py harness install` (.ci/run installs them once, cached
+in TROVE_HARNESS_DIR); a missing bundle fails here with the command that installs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+import pytest
+from django.conf import settings
+
+from experience.models import Trajectory
+from experience.run_steps import step_views
+from experience.services.blobs import blob_get
+from webapp.fleets import services as fleet_services
+from webapp.rollouts.models import Rollout
+from webapp.rollouts.services import job_create
+from workers.harness import presets
+from workers.harness.presets.bundles import bundle_installed
+from workers.rollout_runner import rollout_run
+
+MODEL = "trove-demo-stand-in"
+# The presets that run against the demo model today (gemini-cli needs the proxy's Gemini protocol).
+RUNNABLE = ("mini-swe-agent", "opencode", "codex", "claude-code", "qwen-code")
+MODEL_ROUTES = ("/chat/completions", "/responses", "/messages")
+
+
+class CountingDemoModel:
+    """The demo model, counting the model calls it served (count_tokens and pre-connects are not calls)."""
+
+    def __init__(self) -> None:
+        from aiohttp import web
+
+        from webapp.proxy.server import serve_in_thread
+        from workers.demo.model import make_app
+
+        self.served = 0
+
+        @web.middleware
+        async def count(request, handler):
+            response = await handler(request)
+            if request.method == "POST" and request.path.endswith(MODEL_ROUTES):
+                self.served += 1
+            return response
+
+        app = make_app()
+        app.middlewares.append(count)
+        self._server = serve_in_thread(app, host="127.0.0.1", port=0, shutdown_timeout=0.5)
+        self.url = f"{self._server.base_url}/v1"
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+@pytest.fixture
+def demo_model():
+    model = CountingDemoModel()
+    yield model
+    model.stop()
+
+
+@pytest.fixture
+def harness_fleet(transactional_db):
+    """Proxy-only sandboxes with room for a native CLI agent (its threads count against pids)."""
+    template = fleet_services.template_create(name=f"harness-{uuid.uuid4().hex[:6]}", cpu=1.0, memory_mb=2048,
+                                              pids=1024, network="proxy-only", max_lifetime_s=3600,
+                                              idle_timeout_s=900)
+    return fleet_services.fleet_create(name=f"test-h-{uuid.uuid4().hex[:6]}", template=template, backend="local",
+                                       min_warm=0, max_warm=4, max_total=8)
+
+
+@pytest.fixture
+def bundle_backend(local_backend):
+    """The local backend with the installed bundles mounted, as the registry builds it."""
+    local_backend.bundle_dir = str(settings.TROVE_HARNESS_DIR)
+    return local_backend
+
+
+def require_bundle(name: str) -> tuple[presets.Preset, str]:
+    preset, version = presets.resolve(name)
+    assert bundle_installed(settings.TROVE_HARNESS_DIR, preset, version), (
+        f"{name}@{version} is not installed in {settings.TROVE_HARNESS_DIR}: run "
+        f"`manage.py harness install {name}` (.ci/run does)")
+    return preset, version
+
+
+def preset_job(task_set, fleet, model, harness: str, *, seed_sample: int = 0, **options):
+    from tests.webapp.rollouts.jobs_factories import make_endpoint
+
+    preset, _ = presets.resolve(harness)
+    endpoint = make_endpoint(model.url, model_names=[MODEL], protocol=preset.protocol)
+    options.setdefault("max_steps", 20)
+    options.setdefault("wall_time_s", 300)
+    return job_create(task_set=task_set, fleet=fleet, endpoint=endpoint, model_name=MODEL,
+                      enqueue=lambda rollout_id: None, harness=presets.canonical(harness),
+                      task_keys=["slugify"], **options)
+
+
+def replayed_tool_calls(trajectory: Trajectory) -> list[dict]:
+    """The tool calls the replay page shows (its step view model), over the whole run."""
+    views, _ = step_views(trajectory=trajectory, limit=1000)
+    return [call for view in views if view["kind"] == "model_call" for call in view.get("tool_calls") or []]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_a_preset_solves_a_demo_task_through_the_proxy_in_its_own_protocol(
+    bundle_backend, unix_proxy, demo_model, demo_task_set, harness_fleet, name
+):
+    preset, version = require_bundle(name)
+    job = preset_job(demo_task_set, harness_fleet, demo_model, name)
+    rollout = job.rollouts.get()
+
+    status = rollout_run(rollout_id=rollout.pk, worker="test-worker")
+
+    rollout.refresh_from_db()
+    trajectory = rollout.trajectory
+    notes = list(trajectory.steps.filter(kind__in=("note", "command")).values_list("preview", flat=True))
+    assert status in (Rollout.Status.SUCCEEDED, Rollout.Status.FAILED), (rollout.error, notes)
+    assert trajectory.status == Trajectory.Status.COMPLETED and trajectory.harness == f"{name}@{version}"
+    assert trajectory.metadata["harness_name"] == name and trajectory.metadata["harness_version"] == version
+    assert trajectory.metadata["harness_protocol"] == preset.protocol
+    assert trajectory.metadata["model_endpoint"] == job.endpoint.name
+    eval_step = trajectory.steps.get(kind="eval")
+    assert rollout.reward == eval_step.payload["reward"] == (1.0 if status == Rollout.Status.SUCCEEDED else 0.0)
+    calls = trajectory.steps.filter(kind="model_call")
+    assert calls.count() == demo_model.served >= 2, "every call the demo model served was recorded"
+    assert not calls.filter(is_error=True).exists()
+    assert replayed_tool_calls(trajectory), "the replay shows the harness's tool calls"
+    log_note = trajectory.steps.get(kind="note", payload__harness=name)
+    assert log_note.payload["native_logs"], f"{name} left its native log ({preset.native_logs})"
+    first = log_note.payload["native_logs"][0]
+    assert len(blob_get(first["sha256"])) == first["bytes"] > 0
+    harness_step = trajectory.steps.get(kind="command", payload__harness=f"{name}@{version}")
+    command = harness_step.payload["command"]
+    assert rollout.token not in command and "<instruction>" in command
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claude_code_that_exits_0_while_its_tools_fail_on_a_read_only_home_is_an_infra_error(
+    bundle_backend, unix_proxy, demo_model, demo_task_set, harness_fleet, monkeypatch
+):
+    """The trap HARNESSES.md measured: with a read-only HOME and temp dir Claude Code exits 0 and says "done"
+    while its Bash tool failed with EROFS. Trove must not take that run as the agent's."""
+    preset, version = require_bundle("claude-code")
+    read_only = "/opt/trove/bundles"
+    broken = dataclasses.replace(preset, env={**preset.env, "CLAUDE_CODE_TMPDIR": read_only, "TMPDIR": read_only})
+    monkeypatch.setitem(presets.CATALOGUE, "claude-code", broken)
+    job = preset_job(demo_task_set, harness_fleet, demo_model, "claude-code")
+    rollout = job.rollouts.get()
+
+    status = rollout_run(rollout_id=rollout.pk, worker="test-worker")
+
+    rollout.refresh_from_db()
+    assert status == Rollout.Status.INFRA_ERROR, rollout.error
+    assert "harness_failed" in rollout.error
+    assert rollout.trajectory.status == Trajectory.Status.INFRA_ERROR  # never training data
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_preset_whose_bundle_is_not_installed_is_refused_before_a_sandbox_is_taken(
+    bundle_backend, unix_proxy, demo_model, demo_task_set, harness_fleet
+):
+    job = preset_job(demo_task_set, harness_fleet, demo_model, "opencode@0.0.1-never-installed")
+    rollout = job.rollouts.get()
+
+    status = rollout_run(rollout_id=rollout.pk, worker="test-worker")
+
+    rollout.refresh_from_db()
+    assert status == Rollout.Status.INFRA_ERROR
+    assert "harness_not_installed" in rollout.error and "manage.py harness install opencode@0.0.1" in rollout.error
+    assert bundle_backend.list({}) == []

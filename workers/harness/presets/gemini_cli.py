@@ -1,0 +1,31 @@
+"""Google's gemini-cli: speaks only the Gemini API (`POST {base}/v1beta/models/M:streamGenerateContent?alt=sse`,
+`x-goog-api-key`); runs on the sandbox's node (>= 20). Needs writable HOME and /tmp.
+
+It runs only where the proxy serves the Gemini protocol under /r/<token>/v1beta/ (see docs/harnesses.md).
+Native log: ~/.gemini/tmp/<project hash>/chats/*.json.
+"""
+
+from workers.harness.presets.base import PROMPT, ConfigFile, Package, Preset, json_config
+
+SETTINGS = json_config({
+    "security": {"auth": {"selectedType": "gemini-api-key"}},
+    "privacy": {"usageStatisticsEnabled": False},
+    "telemetry": {"enabled": False},
+    "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+})
+
+PRESET = Preset(
+    name="gemini-cli",
+    title="Gemini CLI",
+    package=Package("npm", "@google/gemini-cli", "0.61.0"),
+    protocol="gemini",
+    interpreter="/usr/bin/node",
+    executable="node_modules/@google/gemini-cli/dist/index.js",
+    argv=("-p", PROMPT, "-y", "-m", "$model", "-o", "json", "--skip-trust"),
+    env={"GEMINI_API_KEY": "$api_key", "GOOGLE_GEMINI_BASE_URL": "$proxy", "TMPDIR": "$tmp", "NO_COLOR": "1"},
+    config_files=(ConfigFile(".gemini/settings.json", SETTINGS),),
+    writable_dirs=("$home/.gemini",),
+    native_logs=(".gemini/tmp/**/*.json",),
+    needs_node=True,
+    notes="Gemini API only: needs the proxy's Gemini protocol. Usage statistics and telemetry off.",
+)
