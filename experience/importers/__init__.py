@@ -2,8 +2,13 @@
 
 Formats (registry key -> module): `trove` (Trove's own JSONL export), `atif` (Harbor's Agent Trajectory
 Interchange Format), `inspect` (Inspect AI .json and .eval logs), `mini_swe_agent` (.traj.json),
-`swe_agent` (.traj), `openhands` (evaluation output.jsonl and event-stream .json), `openai_messages`
-(JSONL of OpenAI-format conversations). Each module exposes
+`swe_agent` (.traj), `swe_agent_rows` (SWE-agent rows of published datasets: JSON, JSONL, Parquet),
+`openhands` (evaluation output.jsonl and event-stream .json), `claude_code` (Claude Code session
+transcripts), `codex` (Codex CLI rollouts), `openai_conversations` (OpenAI-format conversations in one JSON
+document: tau-bench trajectory arrays, wrapping objects), `openai_messages` (JSONL of OpenAI-format
+conversations). Files of formats not read yet (aider, Gemini CLI, ...) are named in the error
+(experience.importers.unsupported); evaluation reports are read by experience.importers.reports.
+Each module exposes
 `detect(path, head: bytes) -> bool` and `parse(path, *, name=None) -> Iterator[TrajectoryRecord]`.
 
 Use:
