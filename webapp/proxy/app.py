@@ -38,9 +38,10 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from webapp.proxy import jsonfast
 from webapp.proxy.addresses import address_refusal_in, guarded_socket
+from webapp.proxy.protocols import PROTOCOLS, Untranslatable, gemini, messages
+from webapp.proxy.protocols.base import SseParser, chunks_of_response, parse_json_event
 from webapp.proxy.recorder import RecordSink
 from webapp.proxy.records import CallRecord
-from webapp.proxy.sse import assemble_stream
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,12 @@ def make_proxy_app(
     app = web.Application(client_max_size=max_body_bytes)
     app.cleanup_ctx.append(proxy.client_sessions)
     app.router.add_get("/healthz", proxy.healthz)
-    app.router.add_post("/r/{token}/v1/chat/completions", proxy.chat_completions)
+    for name, module in PROTOCOLS.items():
+        for method, path in module.ROUTES:
+            app.router.add_route(method, "/r/{token}" + path, proxy.model_call(name))
+    app.router.add_post("/r/{token}/v1/messages/count_tokens", proxy.count_tokens)
+    app.router.add_route("HEAD", "/r/{token}/", proxy.preconnect)
+    app.router.add_route("HEAD", "/r/{token}", proxy.preconnect)
     app.router.add_get("/r/{token}/v1/models", proxy.models)
     return app
 
@@ -193,7 +199,61 @@ class _Proxy:
                 return _error_response(403, "endpoint_refused", _address_refusal(target, refused))
             return _error_response(502, "upstream_connect", f"the upstream is unreachable: {exc}")
 
+    def model_call(self, protocol: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """The handler of one protocol's model-call route."""
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self._model_call(request, protocol)
+
+        return handle
+
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._model_call(request, "chat")
+
+    async def preconnect(self, request: web.Request) -> web.Response:
+        """Claude Code's `HEAD /` before its first call: answered here (a valid token), nothing forwarded."""
+        target = await self._target(request)
+        return target if isinstance(target, web.Response) else web.Response(status=200)
+
+    async def count_tokens(self, request: web.Request) -> web.StreamResponse:
+        """Messages' token count: passed to a Messages endpoint; for any other an estimate (characters / 4),
+        labelled as one in `trove_estimate`. Not a model call, so not recorded."""
+        target = await self._target(request)
+        if isinstance(target, web.Response):
+            return target
+        if target.refusal:
+            return web.json_response(messages.error_body("endpoint_refused", target.refusal), status=403)
+        try:
+            body = jsonfast.loads(await request.read())
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return web.json_response(messages.error_body("invalid_request", "the request body must be a JSON object"),
+                                     status=400)
+        if target.protocol != "messages":
+            return web.json_response({"input_tokens": messages.count_tokens_estimate(body), "trove_estimate": True})
+        if target.model_override:
+            body["model"] = target.model_override
+        redactor = _Redactor(target.upstream_api_key)
+        try:
+            async with self._session(target).post(
+                _upstream_url(target, "/messages/count_tokens"), data=jsonfast.dumps(body),
+                headers=_protocol_headers(target, request, messages), allow_redirects=False,
+            ) as upstream:
+                return web.Response(body=redactor.whole(await upstream.read()), status=upstream.status,
+                                    headers=_passed_on(upstream.headers, redactor))
+        except TimeoutError:
+            return web.json_response(messages.error_body("upstream_timeout", "the upstream did not answer in time"),
+                                     status=504)
+        except aiohttp.ClientError as exc:
+            refused = address_refusal_in(exc)
+            if refused is not None:
+                return web.json_response(messages.error_body("endpoint_refused", _address_refusal(target, refused)),
+                                         status=403)
+            return web.json_response(messages.error_body("upstream_connect", f"the upstream is unreachable: {exc}"),
+                                     status=502)
+
+    async def _model_call(self, request: web.Request, protocol: str) -> web.StreamResponse:
         target = await self._target(request)
         if isinstance(target, web.Response):
             return target
@@ -202,9 +262,9 @@ class _Proxy:
             return _error_response(
                 400, "invalid_call_id", f"{CALL_ID_HEADER} must match [A-Za-z0-9._:-]{{1,128}}"
             )
-        call = _Call(target=target, call_id=call_id or _call_ids.next())
+        call = _Call(target=target, call_id=call_id or _call_ids.next(), protocol=protocol)
         try:
-            return await self._chat_completions(request, target, call)
+            return await self._handle_call(request, target, call)
         except web.HTTPException as exc:  # a body over the size limit
             call.status = exc.status
             call.fail("invalid_request", exc.reason)
@@ -215,10 +275,9 @@ class _Proxy:
         finally:
             self._record(call)
 
-    async def _chat_completions(
-        self, request: web.Request, target: Target, call: _Call
-    ) -> web.StreamResponse:
-        raw = await request.read()
+    async def _handle_call(self, request: web.Request, target: Target, call: _Call) -> web.StreamResponse:
+        module = PROTOCOLS[call.protocol]
+        raw = call.raw_request = await request.read()
         try:
             body = jsonfast.loads(raw)
         except ValueError:
@@ -226,30 +285,60 @@ class _Proxy:
         if not isinstance(body, dict):
             response = call.fail_locally(400, "invalid_request", "the request body must be a JSON object")
             return await _send(request, response, call)
+        if module is gemini:  # the model and the method are in the path
+            split = gemini.split_call(request.match_info["call"])
+            if split is None:
+                message = f"unknown Gemini method {request.match_info['call']!r} (generateContent, streamGenerateContent)"
+                return await _send(request, call.fail_locally(404, "invalid_request", message), call)
+            body = {**body, "model": split[0], "stream": split[1] == "streamGenerateContent"}
         call.request = body
-        refusal = target.refusal or _protocol_refusal(target, "chat")
+        upstream = PROTOCOLS.get(target.protocol)
+        refusal = target.refusal or (None if upstream else f"endpoint {target.endpoint!r} speaks an unknown protocol "
+                                     f"{target.protocol!r}")
         if refusal:
             return await _send(request, call.fail_locally(403, "endpoint_refused", refusal), call)
         if target.model_override:
-            body["model"] = target.model_override
-            raw = jsonfast.dumps(body)
-        return await self._forward_chat(request, target, raw, call)
+            module.set_model(body, target.model_override)
+        stream = module.is_stream(body, request.path)
+        if upstream is module:
+            data = raw if not target.model_override or module is gemini else jsonfast.dumps(body)
+            path = module.upstream_path(body, stream) + _passed_query(request, module)
+            return await self._forward(request, target, call, path, data, None)
+        try:
+            upstream_body = upstream.from_chat_request(module.to_chat_request(body))
+        except Untranslatable as exc:
+            message = f"cannot translate this {module.NAME} call for endpoint {target.endpoint!r} ({upstream.NAME}): {exc}"
+            return await _send(request, call.fail_locally(400, "untranslatable", message), call)
+        call.upstream_protocol = upstream.NAME
+        path = upstream.upstream_path(upstream_body, stream)
+        data = jsonfast.dumps(getattr(upstream, "upstream_body", lambda b: b)(upstream_body))
+        call.upstream_request = data
+        return await self._forward(request, target, call, path, data, upstream)
 
-    async def _forward_chat(
-        self, request: web.Request, target: Target, raw: bytes, call: _Call
+    async def _forward(
+        self, request: web.Request, target: Target, call: _Call, path: str, data: bytes, translate_from: Any
     ) -> web.StreamResponse:
+        """Send the call upstream; `translate_from` is the upstream's protocol module when it differs from
+        the client's (the answer is translated back), None for a pass-through."""
+        headers = _protocol_headers(target, request, translate_from or PROTOCOLS[call.protocol])
         try:
             async with self._session(target).post(
-                _upstream_url(target, "/chat/completions"), data=raw, headers=_upstream_headers(target),
-                allow_redirects=False,
+                _upstream_url(target, path), data=data, headers=headers, allow_redirects=False,
             ) as upstream:
                 call.status = upstream.status
-                if upstream.headers.get("Content-Type", "").startswith("text/event-stream"):
-                    return await _relay_stream(request, upstream, call)
-                call.body = call.redactor.whole(await upstream.read())
-                response = web.Response(
-                    body=call.body, status=upstream.status, headers=_passed_on(upstream.headers, call.redactor)
-                )
+                is_stream = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+                if translate_from is None:
+                    if is_stream:
+                        return await _relay_stream(request, upstream, call)
+                    call.body = call.redactor.whole(await upstream.read())
+                    response = web.Response(
+                        body=call.body, status=upstream.status, headers=_passed_on(upstream.headers, call.redactor)
+                    )
+                elif is_stream and upstream.status < 400:
+                    return await _relay_translated_stream(request, upstream, call, translate_from)
+                else:
+                    response = _translated_answer(call, translate_from, call.redactor.whole(await upstream.read()),
+                                                  upstream)
         except TimeoutError as exc:
             response = call.fail_locally(504, "upstream_timeout", self._timeout_message(exc))
         except aiohttp.ClientError as exc:
@@ -301,6 +390,100 @@ async def _relay_stream(
     return await _send(request, response, call)
 
 
+def _translated_answer(call: _Call, upstream_module: Any, raw: bytes, upstream: aiohttp.ClientResponse) -> web.Response:
+    """A whole upstream answer in another protocol, translated back into the client's."""
+    client = PROTOCOLS[call.protocol]
+    call.upstream_response = raw
+    try:
+        native = jsonfast.loads(raw) if raw else None
+    except ValueError:
+        native = None
+    if upstream.status >= 400 or not isinstance(native, dict):
+        message = upstream_module.error_message(native) or raw[:200].decode("utf-8", errors="replace")
+        kind = "upstream_status" if upstream.status >= 400 else "malformed_body"
+        status = upstream.status if upstream.status >= 400 else 502
+        return call.fail_locally(status, kind, f"upstream {upstream.status}: {message}")
+    try:
+        answer = client.from_chat_response(upstream_module.to_chat_response(native), call.request)
+    except Untranslatable as exc:
+        return call.fail_locally(502, "untranslatable", f"cannot translate the {upstream_module.NAME} answer: {exc}")
+    call.body = jsonfast.dumps(answer)
+    return web.Response(body=call.body, status=upstream.status, content_type="application/json")
+
+
+async def _relay_translated_stream(
+    request: web.Request, upstream: aiohttp.ClientResponse, call: _Call, upstream_module: Any
+) -> web.StreamResponse:
+    """An upstream stream in another protocol, written to the client in its own as it arrives. A Chat
+    Completions stream is translated chunk by chunk; a stream of another protocol is read whole first
+    (then assembled, taken to chat and written out), so its time to first token is that of the whole."""
+    call.stream = True
+    writer = PROTOCOLS[call.protocol].Writer(call.request)
+    response = web.StreamResponse(status=upstream.status,
+                                  headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    try:
+        await response.prepare(request)
+    except ConnectionError:
+        call.fail("client_disconnected", "the client went away before the stream started")
+        return response
+    parser = SseParser() if upstream_module.NAME == "chat" else None
+    while True:
+        try:
+            chunk = await upstream.content.readany()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            call.fail("stream_broken", f"the upstream stream broke: {exc!r}")
+            _drop_connection(request)
+            return response
+        if not chunk:
+            break
+        chunk = call.redactor.chunk(chunk)
+        call.upstream_chunks.append(chunk)
+        if parser is not None and not await _relay_chunk(response, call, _translate_events(call, writer, parser.feed(chunk))):
+            return response
+    tail = call.redactor.end()
+    call.upstream_chunks.append(tail)
+    if parser is not None:
+        translated = _translate_events(call, writer, parser.feed(tail) + parser.end())
+    else:
+        assembled = upstream_module.assemble(call.upstream_chunks)
+        if assembled.error:
+            call.fail("malformed_stream", assembled.error)
+        chunks = chunks_of_response(upstream_module.to_chat_response(assembled.body or {}))
+        translated = _translate_chunks(call, writer, chunks)
+    try:
+        translated += writer.finish()
+    except Untranslatable as exc:
+        call.fail("untranslatable", f"cannot translate the {upstream_module.NAME} stream: {exc}")
+    if not await _relay_chunk(response, call, translated):
+        return response
+    return await _send(request, response, call)
+
+
+def _translate_events(call: _Call, writer: Any, events: list[tuple[str | None, str]]) -> bytes:
+    chunks = []
+    for _, data in events:
+        if data.strip() == "[DONE]":
+            continue
+        parsed = parse_json_event(data)
+        if parsed is None:
+            call.fail("malformed_stream", f"malformed data line: {data[:200]!r}")
+        elif "error" in parsed:
+            call.fail("malformed_stream", f"error event in stream: {parsed['error']}")
+        else:
+            chunks.append(parsed)
+    return _translate_chunks(call, writer, chunks)
+
+
+def _translate_chunks(call: _Call, writer: Any, chunks: list[dict[str, Any]]) -> bytes:
+    out = b""
+    for chunk in chunks:
+        try:
+            out += writer.feed(chunk)
+        except Untranslatable as exc:
+            call.fail("untranslatable", f"cannot translate the stream: {exc}")
+    return out
+
+
 async def _relay_chunk(response: web.StreamResponse, call: _Call, chunk: bytes) -> bool:
     """Pass one (redacted) chunk on and keep it for the record; False when the client has gone."""
     if not chunk:
@@ -338,6 +521,12 @@ class _Call:
 
     target: Target
     call_id: str
+    protocol: str = "chat"  # the client's
+    upstream_protocol: str | None = None  # set when the call was translated for an endpoint of another
+    raw_request: bytes = b""
+    upstream_request: bytes = b""
+    upstream_response: bytes = b""
+    upstream_chunks: list[bytes] = field(default_factory=list)
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     started: float = field(default_factory=perf_counter)
     request: dict[str, Any] = field(default_factory=dict)
@@ -359,16 +548,20 @@ class _Call:
             self.error_kind, self.error = kind, message
 
     def fail_locally(self, status: int, kind: str, message: str) -> web.Response:
-        """The proxy answers for the upstream: an OpenAI-style error body, recorded as the response."""
+        """The proxy answers for the upstream: an error body in the client's protocol, recorded as the response."""
         self.status = status
         self.fail(kind, message)
-        self.local_error_body = _error_body(kind, message)
+        self.local_error_body = PROTOCOLS[self.protocol].error_body(kind, message)
         return web.json_response(self.local_error_body, status=status)
 
     def to_record(self) -> CallRecord:
         ended_at = datetime.now(UTC)
         latency_ms = (perf_counter() - self.started) * 1000.0
-        response, ttft_ms = self._response()
+        native, ttft_ms = self._response()
+        module = PROTOCOLS[self.protocol]
+        response = native
+        if native is not None and module.NAME != "chat" and self.local_error_body is None and self.status < 400:
+            response = module.to_chat_response(native)
         usage = response.get("usage") if response else None
         return CallRecord(
             call_id=self.call_id,
@@ -378,23 +571,56 @@ class _Call:
             ended_at=ended_at,
             latency_ms=latency_ms,
             ttft_ms=ttft_ms,
-            request=self.request,
+            request=self._normalised_request(),
             response=response,
             status_code=self.status,
             usage=usage if isinstance(usage, dict) else None,
             error=self.error,
             error_kind=self.error_kind,
             stream=self.stream,
+            protocol=self.protocol,
+            upstream_protocol=self.upstream_protocol or self.target.protocol,
+            raw=self._raw_exchange(),
         )
+
+    def _normalised_request(self) -> dict[str, Any]:
+        """The request as Chat Completions. A request of another protocol that has no chat form (a tool
+        type only its own service knows, passed through as is) is recorded by its text and the reason."""
+        if self.protocol == "chat" or not self.request:
+            return self.request
+        try:
+            return PROTOCOLS[self.protocol].to_chat_request(self.request)
+        except Untranslatable as exc:
+            return {"model": self.request.get("model"), "messages": [], "untranslated": str(exc)}
+
+    def _raw_exchange(self) -> dict[str, Any] | None:
+        """The bytes as they went, to replay the call exactly: kept for every call of another protocol than
+        chat, and for every translated call or stream (a whole chat pass-through is its own record)."""
+        if self.protocol == "chat" and self.upstream_protocol is None and not self.stream:
+            return None
+        exchange: dict[str, Any] = {
+            "protocol": self.protocol,
+            "request": _text(self.raw_request),
+            "response": _text(b"".join(self.chunks) if self.stream else self.body),
+        }
+        if self.upstream_protocol is not None:
+            exchange["upstream"] = {
+                "protocol": self.upstream_protocol,
+                "request": _text(self.upstream_request),
+                "response": _text(b"".join(self.upstream_chunks) if self.upstream_chunks else self.upstream_response),
+            }
+        return exchange
 
     def _response(self) -> tuple[dict[str, Any] | None, float | None]:
         if self.local_error_body is not None:
             return self.local_error_body, None
         if self.stream:
-            assembled = assemble_stream(self.chunks, self.arrivals, self.started)
+            assembled = PROTOCOLS[self.protocol].assemble(self.chunks)
             if assembled.error:
                 self.fail("malformed_stream", assembled.error)
-            return assembled.body, assembled.ttft_ms
+            first = assembled.first_content_chunk
+            ttft_ms = None if first is None else (self.arrivals[first] - self.started) * 1000.0
+            return assembled.body, ttft_ms
         return self._parsed_body(), None
 
     def _parsed_body(self) -> dict[str, Any] | None:
@@ -427,6 +653,26 @@ def _upstream_headers(target: Target, *, json_body: bool = True) -> dict[str, st
     if target.upstream_api_key:
         headers["Authorization"] = f"Bearer {target.upstream_api_key}"
     return headers
+
+
+def _protocol_headers(target: Target, request: web.Request, module: Any) -> dict[str, str]:
+    """The upstream's headers in its protocol: its way of sending the key, and for Messages the client's
+    `anthropic-beta` (features it turns on) and `anthropic-version`. Nothing else of the client's goes on."""
+    headers = {"Content-Type": "application/json", **module.auth_headers(target.upstream_api_key)}
+    if module is messages:
+        for name in ("anthropic-beta", "anthropic-version"):
+            if request.headers.get(name):
+                headers[name] = request.headers[name]
+    return headers
+
+
+def _passed_query(request: web.Request, module: Any) -> str:
+    # Only `beta=true` (Claude Code's Messages calls); a client's query could carry its own key (`?key=`).
+    return "?beta=true" if module is messages and request.query.get("beta") == "true" else ""
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
 
 
 def _passed_on(headers: CIMultiDictProxy[str], redactor: _Redactor) -> CIMultiDict[str]:

@@ -23,6 +23,7 @@ ERROR_KINDS = (
     "stream_broken",  # the upstream dropped the connection mid-stream
     "malformed_stream",  # a `data:` line that is not JSON, or an error event inside the stream
     "malformed_body",  # a non-stream body that is not JSON
+    "untranslatable",  # a field with no equivalent in the endpoint's protocol (named in the error)
     "client_disconnected",  # the client went away before the answer was delivered
     "proxy_error",  # the proxy itself failed or was shut down mid-call
 )
@@ -34,8 +35,11 @@ class CallRecord:
 
     `call_id` is the idempotency key: the writer keeps the first record it sees for a call id and ignores
     later ones (a redelivered queue entry, a replayed spool segment, a client retry that reused its
-    `X-Trove-Call-Id`). `response` is the upstream body; for a stream, the equivalent non-stream body
-    assembled from the chunks.
+    `X-Trove-Call-Id`). `request` and `response` are normalised to Chat Completions whatever the protocol
+    (`protocol`: the client's; `upstream_protocol`: the endpoint's, different when the call was translated);
+    for a stream, `response` is the equivalent non-stream body assembled from the chunks. `raw` keeps the
+    bytes as they went (the client's request and answer, and the upstream's when translated) so the call
+    can be replayed exactly; None for a whole chat pass-through, whose request and response are its bytes.
     """
 
     call_id: str
@@ -52,6 +56,9 @@ class CallRecord:
     error: str | None = None
     error_kind: str | None = None
     stream: bool = False
+    protocol: str = "chat"
+    upstream_protocol: str = "chat"
+    raw: dict[str, Any] | None = None
 
     @property
     def is_error(self) -> bool:
@@ -92,7 +99,8 @@ class CallRecord:
             text=response_text or self.error or "",
             request_messages=[message_record(m) for m in self.request.get("messages") or []],
             response_text=response_text,
-            response_json=self.response,
+            # The normalised body, and beside it the raw exchange: both in the response blob, off the row.
+            response_json={**(self.response or {}), "raw_exchange": self.raw} if self.raw else self.response,
             tool_calls=message.get("tool_calls") or None,
             model=(self.response or {}).get("model") or self.request.get("model"),
             tokens_in=usage.get("prompt_tokens"),
@@ -113,6 +121,9 @@ class CallRecord:
             # tools, temperature, max_tokens...: what shaped the answer besides the messages
             "params": {key: value for key, value in self.request.items() if key != "messages"},
         }
+        if self.protocol != "chat" or self.upstream_protocol != "chat":
+            payload["protocol"] = self.protocol
+            payload["upstream_protocol"] = self.upstream_protocol
         choice = _first_choice(self.response)
         optional = {
             "finish_reason": choice.get("finish_reason"),
@@ -120,6 +131,9 @@ class CallRecord:
             "error": self.error,
             "error_kind": self.error_kind,
             "reasoning": message.get("reasoning_content") or message.get("reasoning"),
+            "logprobs": (choice.get("logprobs") or {}).get("content") or None,
+            "token_ids": choice.get("token_ids"),
+            "prompt_token_ids": (self.response or {}).get("prompt_token_ids"),
         }
         payload.update({key: value for key, value in optional.items() if value is not None})
         return payload

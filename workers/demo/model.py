@@ -173,7 +173,7 @@ def _seed(protocol: str, body: dict[str, Any]) -> Any:
     """What seeds the policy: chat's `seed` (else its `user`); Codex's `prompt_cache_key` (one per session);
     Claude Code's `metadata.user_id`; Gemini's `generationConfig.seed`."""
     if protocol == "chat":
-        return body.get("seed") if body.get("seed") is not None else body.get("user")
+        return body.get("seed") if body.get("seed") is not None else body.get("user") or body.get("prompt_cache_key")
     if protocol == "responses":
         return body.get("prompt_cache_key") or body.get("user")
     if protocol == "messages":

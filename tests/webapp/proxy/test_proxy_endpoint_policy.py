@@ -104,13 +104,23 @@ def test_an_endpoint_the_resolver_refused_is_answered_403_and_recorded_without_a
     assert record.error_kind == "endpoint_refused" and record.request == BODY
 
 
-def test_an_endpoint_speaking_another_protocol_is_not_sent_chat_calls(harness: ProxyHarness, upstream: UpstreamState):
+def test_a_chat_call_to_an_endpoint_speaking_messages_is_translated_not_sent_as_chat(
+    harness: ProxyHarness, upstream: UpstreamState
+):
+    """The endpoint speaks Messages: the call goes to its /messages (this scripted upstream has none, so it
+    answers 404), never to /chat/completions, and its 404 reaches the client in the client's protocol."""
     before = len(upstream.requests)
+    call_id = new_call_id()
 
-    reply = send(harness.url("tok-messages"), body=BODY)
+    reply = send(harness.url("tok-messages"), body=BODY, call_id=call_id)
 
-    assert reply.status == 403 and "speaks messages" in reply.json()["error"]["message"]
+    assert reply.status == 404 and reply.json()["error"]["code"] == "upstream_status"
     assert len(upstream.requests) == before
+    [record] = harness.records_for(call_id)
+    assert record.upstream_protocol == "messages" and record.error_kind == "upstream_status"
+    sent = json.loads(record.raw["upstream"]["request"])
+    assert sent["messages"] == [{"role": "user", "content": [{"type": "text", "text": "List the files."}]}]
+    assert UPSTREAM_KEY not in json.dumps(record.to_dict())
 
 
 def test_a_key_the_upstream_echoes_reaches_neither_the_harness_nor_the_record(harness: ProxyHarness):
