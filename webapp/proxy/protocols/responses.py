@@ -69,8 +69,9 @@ def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:
         elif name == "max_output_tokens":
             chat["max_tokens"] = value
         elif name == "reasoning":
-            if isinstance(value, dict) and value.get("effort"):
-                chat["reasoning_effort"] = value["effort"]
+            # Codex sends {summary} without an effort: it still asks for reasoning
+            if isinstance(value, dict) and value.get("effort") != "none":
+                chat["reasoning_effort"] = value.get("effort") or "medium"
         elif name == "text":
             if isinstance(value, dict) and (value.get("format") or {}).get("type", "text") != "text":
                 raise Untranslatable("text.format", "structured output formats are not translated")
