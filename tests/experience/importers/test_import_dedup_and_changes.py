@@ -148,3 +148,18 @@ def test_a_known_unsupported_format_is_named(tmp_path: Path, name: str, content:
     path.write_text(content)
     with pytest.raises(ImportFormatError, match=f"this looks like an? {named}.*which Trove does not import yet"):
         detect_format(path)
+
+
+def test_a_claude_projects_folder_imports_sessions_and_subagents_once(tmp_path: Path) -> None:
+    projects = tmp_path / "projects"
+    shutil.copytree(CLAUDE_SESSION.parents[1], projects)
+
+    report = trajectories_import_path(path=projects)
+
+    counts = {Path(f.path).name: (f.imported, f.present) for f in report.files}
+    # the walk reaches the subagent's folder before its session file: the session then finds it stored
+    assert counts["agent-a9e41c07.jsonl"] == (1, 0) and counts[CLAUDE_SESSION.name] == (1, 1)
+    assert Trajectory.objects.filter(source_ref__contains="7f3c2a10-5b1e-4c2d-9a8f-0e6d4b3c2a11").count() == 2
+    subagent = Trajectory.objects.get(source_ref__endswith="/agent-a9e41c07")
+    parent = Trajectory.objects.get(source_ref=subagent.metadata["parent_source_ref"])
+    assert parent.metadata["subagent_source_refs"] == [subagent.source_ref]
