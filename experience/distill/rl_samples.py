@@ -1,0 +1,338 @@
+"""Token-exact RL samples: a rollout's model calls chained into the token sequences the policy saw and made.
+
+A call extends the current sample when its prompt token ids begin with the sample so far (the previous
+call's prompt plus its completion): the tokens in between (tool results, user turns, the next turn's
+header) join the sample with loss mask 0, the call's completion with mask 1 and its logprobs. When the
+prompt does not begin so, the harness changed what the policy had seen: a new sample starts and the
+`Fork` says why (`fork_cause`), which message changed and the first token that differs.
+
+Calls recorded without token ids are chained on the message level instead (`retokenised_samples`): each
+new message is rendered with a ChatML-style template and tokenised once by a `tokenizers.Tokenizer` (a
+local tokenizer.json), so the cost is linear in the rollout's length, never the whole history per turn.
+Such samples are marked `exact=False`; a rollout is assembled one way or the other, never both.
+
+Plain functions over dataclasses: no database here (the service is `experience.services.rl_samples`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from experience.records import MessageRecord, StepRecord
+
+REMINDER_MARK = "<system-reminder>"
+FORK_CAUSES = ("compaction", "system_reminder", "rerendered_turn", "edited_history", "truncated_prompt")
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """What assembly needs of one recorded model call. Ids are None when the server returned none."""
+
+    seq: int
+    messages: tuple[MessageRecord, ...]
+    response: MessageRecord
+    prompt_ids: tuple[int, ...] | None = None
+    completion_ids: tuple[int, ...] | None = None
+    logprobs: tuple[float | None, ...] | None = None
+    policy_version: str | None = None
+
+    @property
+    def has_ids(self) -> bool:
+        return self.prompt_ids is not None and self.completion_ids is not None
+
+
+@dataclass(frozen=True)
+class Fork:
+    """Why a sample started instead of extending the last one: at call `seq`, `message_index` (into the
+    call's request messages) is the first message that is not what the last sample carried, and
+    `token_index` the first prompt token that differs (None on the message level)."""
+
+    seq: int
+    cause: str
+    message_index: int | None
+    token_index: int | None
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "cause": self.cause, "message_index": self.message_index,
+                "token_index": self.token_index, "detail": self.detail}
+
+
+@dataclass
+class Sample:
+    """One token sequence: ids, a loss mask (1 = the policy generated it), a logprob per token (None where
+    the mask is 0, or where the server gave none), the calls (step seqs) it spans and their policy
+    versions. `exact`: the ids are the server's own; False when re-tokenised from the messages."""
+
+    index: int
+    exact: bool
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    calls: list[int] = field(default_factory=list)
+    policy_versions: list[str | None] = field(default_factory=list)
+    fork: Fork | None = None
+    # The messages the sample carries (the last call's request plus its response): what the next call's
+    # request must begin with to extend it, and what a fork's cause is judged against.
+    history: list[MessageRecord] = field(default_factory=list)
+
+    @property
+    def policy_version(self) -> str | None:
+        return self.policy_versions[-1] if self.policy_versions else None
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    def _append(self, ids: Sequence[int], mask: int, logprobs: Sequence[float | None] | None = None) -> None:
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([mask] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [None] * len(ids))
+
+    def _took(self, call: ModelCall) -> None:
+        self.calls.append(call.seq)
+        self.policy_versions.append(call.policy_version)
+        self.history = [*call.messages, call.response]
+
+
+# --- reading recorded steps ----------------------------------------------------------------------------
+
+
+def model_calls(steps: Iterable[StepRecord], *, seqs: Iterable[int] | None = None) -> list[ModelCall]:
+    """The successful model calls among a run's steps, in order. `seqs`: each step's seq in the run
+    (default: its position)."""
+    numbered = zip(seqs, steps, strict=True) if seqs is not None else enumerate(steps)
+    return [call_of(step, seq=seq) for seq, step in numbered if step.kind == "model_call" and not step.is_error]
+
+
+def call_of(step: StepRecord, *, seq: int) -> ModelCall:
+    payload = step.payload or {}
+    completion = _ids(payload.get("token_ids"))
+    return ModelCall(
+        seq=seq,
+        messages=tuple(step.request_messages or ()),
+        response=MessageRecord(role="assistant", content=step.response_text or "", tool_calls=step.tool_calls),
+        prompt_ids=_ids(payload.get("prompt_token_ids")),
+        completion_ids=completion,
+        logprobs=_logprobs(payload.get("logprobs"), len(completion) if completion is not None else None),
+        policy_version=_text_or_none(payload.get("policy_version")),
+    )
+
+
+def _ids(value: Any) -> tuple[int, ...] | None:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return None
+    return tuple(value)
+
+
+def _logprobs(entries: Any, count: int | None) -> tuple[float | None, ...] | None:
+    """The completion's logprobs, one per token id; None when absent or not one per token (a server that
+    split tokens differently from its ids must not shift every logprob by one)."""
+    if not isinstance(entries, list) or count is None or len(entries) != count:
+        return None
+    values = [entry.get("logprob") if isinstance(entry, dict) else entry for entry in entries]
+    return tuple(float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None for v in values)
+
+
+def _text_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+# --- exact samples ---------------------------------------------------------------------------------------
+
+
+def exact_samples(calls: Sequence[ModelCall]) -> list[Sample]:
+    """Chain calls that all carry token ids (`ModelCall.has_ids`) into samples, forking where a prompt does
+    not begin with the sample so far. Each prompt is compared once against the sample it may extend: cost
+    linear in the tokens recorded."""
+    samples: list[Sample] = []
+    for call in calls:
+        assert call.prompt_ids is not None and call.completion_ids is not None  # noqa: S101 - caller checks
+        current = samples[-1] if samples else None
+        if current is not None and _extends(call.prompt_ids, current.token_ids):
+            current._append(call.prompt_ids[len(current.token_ids):], 0)
+        else:
+            fork = None if current is None else _exact_fork(call, current)
+            current = Sample(index=len(samples), exact=True, fork=fork)
+            samples.append(current)
+            current._append(call.prompt_ids, 0)
+        current._append(call.completion_ids, 1, call.logprobs)
+        current._took(call)
+    return samples
+
+
+def _extends(prompt: Sequence[int], sample: list[int]) -> bool:
+    # Tuple/list slices compare in C; equal lengths first, the common case of a fork is cheap.
+    return len(prompt) >= len(sample) and list(prompt[: len(sample)]) == sample
+
+
+def _exact_fork(call: ModelCall, previous: Sample) -> Fork:
+    assert call.prompt_ids is not None  # noqa: S101
+    token = first_difference(call.prompt_ids, previous.token_ids)
+    cause, message, detail = fork_cause(previous.history, list(call.messages))
+    if cause is None:
+        # Every message the sample carried is still there, unchanged: the server rendered them to other
+        # tokens (a template that re-renders an earlier turn: tool-call arguments re-serialised, thinking
+        # dropped from past turns).
+        cause, message = "rerendered_turn", _message_holding(previous)
+        detail = f"the same messages rendered to other tokens from prompt token {token}"
+        if token == len(call.prompt_ids):
+            cause, detail = "truncated_prompt", f"the prompt ends at token {token}, inside the last sample"
+    return Fork(seq=call.seq, cause=cause, message_index=message, token_index=token, detail=detail)
+
+
+def _message_holding(previous: Sample) -> int | None:
+    """The last message a sample carries (its last response): where a re-render most often starts."""
+    return len(previous.history) - 1 if previous.history else None
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    """The first index where the sequences differ (the shorter one's length when one begins the other)."""
+    for index, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return index
+    return min(len(a), len(b))
+
+
+# --- fork causes -----------------------------------------------------------------------------------------
+
+
+def fork_cause(history: Sequence[MessageRecord], request: Sequence[MessageRecord]) -> tuple[str | None, int | None, str]:
+    """Why `request` does not continue `history` (the messages the last sample carried): (cause, index of
+    the first message that differs, detail), or (None, None, "") when it does continue it.
+
+    - `system_reminder`: the first differing message is (or replaces) a system message or carries a
+      `<system-reminder>` (inserted or edited);
+    - `compaction`: the request carries fewer messages than the history it should extend (turns summarised
+      or dropped);
+    - `rerendered_turn`: an earlier turn is there with the same role but other content or tool calls;
+    - `edited_history`: anything else (a message of another role where one was).
+    """
+    index = _first_message_difference(history, request)
+    if index is None:
+        return None, None, ""
+    old = history[index] if index < len(history) else None
+    new = request[index] if index < len(request) else None
+    if _is_reminder(old) or _is_reminder(new):
+        inserted = new is not None and index + 1 < len(request) and old is not None and _same(request[index + 1], old)
+        verb = "inserted" if inserted or old is None else "edited"
+        return "system_reminder", index, f"a system reminder {verb} at message {index}"
+    if len(request) < len(history):
+        return "compaction", index, f"{len(history)} messages became {len(request)} from message {index}"
+    if old is not None and new is not None and old.role == new.role:
+        return "rerendered_turn", index, f"the {old.role} message {index} changed"
+    return "edited_history", index, f"message {index} is not the one the last sample carried"
+
+
+def _first_message_difference(history: Sequence[MessageRecord], request: Sequence[MessageRecord]) -> int | None:
+    for index, old in enumerate(history):
+        if index >= len(request) or not _same(old, request[index]):
+            return index
+    return None
+
+
+def _same(a: MessageRecord, b: MessageRecord) -> bool:
+    return (a.role, a.content, a.tool_call_id) == (b.role, b.content, b.tool_call_id) and _calls(a) == _calls(b)
+
+
+def _calls(message: MessageRecord) -> list[tuple[str, Any]]:
+    """Tool calls by name and parsed arguments: the same call re-serialised is the same message (its
+    tokens may still differ, which the exact path sees)."""
+    calls = []
+    for call in message.tool_calls or []:
+        function = call.get("function") or {}
+        arguments = function.get("arguments")
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except json.JSONDecodeError:
+            parsed = arguments
+        calls.append((str(function.get("name")), parsed))
+    return calls
+
+
+def _is_reminder(message: MessageRecord | None) -> bool:
+    return message is not None and (message.role == "system" or REMINDER_MARK in message.content)
+
+
+# --- re-tokenised samples --------------------------------------------------------------------------------
+
+Encode = Callable[[str], list[int]]
+
+
+def chatml_segments(message: MessageRecord) -> tuple[str, str]:
+    """A message as ChatML text: (header, body). The header (`<|im_start|>role\\n`) of an assistant turn is
+    the generation prompt the model was given; its body is what the model generated."""
+    body = message.content
+    for call in message.tool_calls or []:
+        function = call.get("function") or {}
+        body += f"<tool_call>{json.dumps({'name': function.get('name'), 'arguments': function.get('arguments')})}</tool_call>"
+    return f"<|im_start|>{message.role}\n", f"{body}<|im_end|>\n"
+
+
+def tokenizer_encoder(path: str) -> Encode:
+    """The encoder of a local tokenizer.json (Hugging Face `tokenizers`); special tokens are not added, the
+    template's markers are encoded as the tokenizer's own specials where it has them."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(path)
+    return lambda text: tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def retokenised_samples(calls: Sequence[ModelCall], encode: Encode) -> list[Sample]:
+    """Chain calls on the message level: a call whose request begins with the last sample's history (its
+    last request plus response) extends it with the new messages, each tokenised once; any other call
+    forks, with its cause. Completion logprobs are not carried over (the server's tokens are not these)."""
+    samples: list[Sample] = []
+    for call in calls:
+        current = samples[-1] if samples else None
+        request = list(call.messages)
+        cause, message, detail = (None, None, "") if current is None else fork_cause(current.history, request)
+        if current is not None and cause is None:
+            new_messages = request[len(current.history):]
+        else:
+            fork = None if current is None else Fork(call.seq, cause or "edited_history", message, None, detail)
+            current = Sample(index=len(samples), exact=False, fork=fork)
+            samples.append(current)
+            new_messages = request
+        for each in new_messages:
+            header, body = chatml_segments(each)
+            current._append(encode(header) + encode(body), 0)
+        header, body = chatml_segments(call.response)
+        current._append(encode(header), 0)
+        current._append(encode(body), 1)
+        current._took(call)
+    return samples
+
+
+# --- a rollout -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Assembly:
+    """A rollout's samples, how they were made (`exact`), and why none were when there are none."""
+
+    samples: list[Sample]
+    exact: bool
+    calls: int
+    note: str = ""
+
+    @property
+    def forks(self) -> list[Fork]:
+        return [sample.fork for sample in self.samples if sample.fork is not None]
+
+
+def assemble(calls: Sequence[ModelCall], *, encode: Encode | None = None) -> Assembly:
+    """The samples of one rollout's calls: exact when every call carries token ids; else re-tokenised with
+    `encode` (every call, so exact and re-tokenised tokens never share a rollout); else none, with a note."""
+    if not calls:
+        return Assembly([], exact=True, calls=0, note="no model calls")
+    if all(call.has_ids for call in calls):
+        return Assembly(exact_samples(calls), exact=True, calls=len(calls))
+    missing = sum(1 for call in calls if not call.has_ids)
+    note = f"{missing} of {len(calls)} calls have no token ids"
+    if encode is None:
+        return Assembly([], exact=False, calls=len(calls), note=f"{note} and the endpoint names no tokenizer")
+    return Assembly(retokenised_samples(calls, encode), exact=False, calls=len(calls), note=f"{note}: re-tokenised")
