@@ -11,7 +11,8 @@ filled after ingest, and how search stays complete meanwhile). The 'simple' conf
 does not stem, which suits commands, paths and code. What is searchable: a step's preview and its inline
 texts (command, thought, output, reply, tool calls), i.e. all of any text up to 2 KB and the first 300
 characters of a longer one. On SQLite (the embedded default) `q` is a case-insensitive substring match over
-the same content, a simpler fallback.
+the same content, a simpler fallback that reads the same grammar (words, "phrases", `or`, prefix*; see
+experience.search_hits.query_groups).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 
 from experience.errors import ValidationError
 from experience.models import Step, Trajectory
+from experience.search_hits import sqlite_step_condition
 from experience.services.search_index import SEPARATORS, STEP_SEARCH_DOCUMENT
 
 OUTCOMES = ("success", "failure", "unknown")
@@ -158,12 +160,8 @@ def _step_matches(q: str) -> Any:
     if connection.vendor == "postgresql":
         query = search_query(q)
         return RawSQL(_STEP_MATCHES, (query, query))
-    # SQLite: every word (or "quoted phrase") a case-insensitive substring of the same step's content.
-    steps = Step.objects.annotate(payload_text=Cast("payload", TextField()))
-    for phrase, word in _TOKEN.findall(q):
-        token = phrase or word
-        if token and token.lower() != "or":
-            steps = steps.filter(Q(preview__icontains=token) | Q(payload_text__icontains=token))
+    # SQLite: the same grammar (`or`, "phrases", prefix*), each term a case-insensitive substring of one step.
+    steps = Step.objects.annotate(payload_text=Cast("payload", TextField())).filter(sqlite_step_condition(q))
     return steps.values("trajectory_id")
 
 

@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 from django import forms
 from django.conf import settings
 from django.contrib import messages
+from django.db.models import F
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -28,6 +29,7 @@ from experience.search import (
     trajectory_search,
     trajectory_similar,
 )
+from experience.search_hits import search_hits, trajectory_total
 from experience.services.curation import ACTIONS, trajectories_curate
 from experience.services.importing import ImportReport, trajectories_import_upload
 from webapp.access.permissions import scope_required
@@ -40,29 +42,71 @@ FILTER_NAMES = ("q", "task", "task_set", "model", "harness", "source", "source_f
                 "curation", "duplicate", "tags", "created_after", "created_before", "similar", "ids")
 
 
+# Sortable columns (`sort=reward`, `sort=-reward`): anything but the newest-first default pages by offset.
+SORTS = {"id": "id", "task": "task_key", "reward": "reward", "steps": "n_steps", "tokens": "tokens_in",
+         "stored": "created_at"}
+VIEW_NAMES = ("sort", "density")  # how the page is shown, kept apart from the filters
+
+
 def _given_filters(data) -> dict[str, str]:
     return {name: data[name] for name in FILTER_NAMES if data.get(name)}
 
 
+def _view_params(data) -> dict[str, str]:
+    view = {name: data[name] for name in VIEW_NAMES if data.get(name)}
+    if view.get("sort", "").lstrip("-") not in SORTS:
+        view.pop("sort", None)
+    if view.get("density") != "compact":
+        view.pop("density", None)
+    return view
+
+
+def _sorted_page(queryset, sort: str, offset: int):
+    """One page of `queryset` ordered by a column (nulls last, then newest first): one query."""
+    column = SORTS[sort.lstrip("-")]
+    order = F(column).desc(nulls_last=True) if sort.startswith("-") else F(column).asc(nulls_last=True)
+    rows = list(queryset.order_by(order, "-id")[offset: offset + PAGE + 1])
+    return Page(rows=rows[:PAGE], next_cursor=offset + PAGE if len(rows) > PAGE else None)
+
+
 @scope_required("trajectories")
 def explorer(request: HttpRequest) -> HttpResponse:
-    params = _given_filters(request.GET)
-    context: dict = {"params": params, "statuses": Trajectory.Status.values, "outcomes": OUTCOMES,
+    params, view = _given_filters(request.GET), _view_params(request.GET)
+    context: dict = {"params": params, "view": view, "sorts": SORTS, "statuses": Trajectory.Status.values, "outcomes": OUTCOMES,
                      "curations": Trajectory.Curation.values, "duplicates": DUPLICATE_CHOICES, "actions": ACTIONS,
                      "can_curate": request.user.has_perm(CURATE_PERMISSION), "rows": [], "error": ""}
     try:
         filters = filters_from_params(params)
         if filters.similar is not None:  # most similar first, one page
             page = Page(rows=trajectory_similar(filters=filters))
+        elif view.get("sort", "-id") != "-id":
+            page = _sorted_page(trajectory_search(filters=filters), view["sort"], _cursor(request) or 0)
         else:
             page = page_after(trajectory_search(filters=filters), after=_cursor(request), limit=PAGE)
+        total = trajectory_total(trajectory_search(filters=filters)) if filters.similar is None else None
     except TroveError as error:
         context["error"] = error.message
         return render(request, "dashboard/explorer.html", context, status=400)
-    context.update(rows=page.rows, filters=filters, first_url=_explorer_url(params),
-                   next_url=None if page.next_cursor is None else _explorer_url(params, after=page.next_cursor),
-                   is_first_page=request.GET.get("after") in (None, ""))
+    hits = search_hits(trajectory_ids=[t.pk for t in page.rows], q=filters.q)
+    for row in page.rows:
+        row.hit = hits.get(row.pk)  # type: ignore[attr-defined]
+    shown = {**params, **view}
+    context.update(rows=page.rows, filters=filters, first_url=_explorer_url(shown), total=total,
+                   next_url=None if page.next_cursor is None else _explorer_url(shown, after=page.next_cursor),
+                   is_first_page=request.GET.get("after") in (None, ""),
+                   sort_links=_sort_links(shown, view.get("sort", "-id")),
+                   density_url=_explorer_url({**params, **{k: v for k, v in view.items() if k != "density"},
+                                              **({} if view.get("density") else {"density": "compact"})}))
     return render(request, "dashboard/explorer.html", context)
+
+
+def _sort_links(shown: dict[str, str], current: str) -> dict[str, dict[str, str]]:
+    """Each sortable header's state (asc, desc or none) and link: descending first, a second click flips."""
+    links = {}
+    for name in SORTS:
+        state = "desc" if current == f"-{name}" else "asc" if current == name else ""
+        links[name] = {"state": state, "url": _explorer_url({**shown, "sort": name if state == "desc" else f"-{name}"})}
+    return links
 
 
 def _cursor(request: HttpRequest) -> int | None:

@@ -58,3 +58,31 @@ def job_rerunnable_counts(*, job: RolloutJob) -> dict[str, int]:
     rows = (Rollout.objects.filter(job_id=job.pk, status__in=rollout_services.RERUNNABLE, reruns__isnull=True)
             .values_list("status").annotate(n=Count("id")).order_by("status"))
     return {status: n for status, n in rows}
+
+
+def job_outcome_rows(jobs: list[RolloutJob]) -> list[tuple[str, str, dict[str, int]]]:
+    """The overview chart's rows by job, from the progress jobs_overview attached (no queries)."""
+    from django.urls import reverse
+
+    rows = []
+    for job in jobs:
+        by_status = dict(job.progress["by_status"])  # type: ignore[attr-defined]
+        by_status["open"] = by_status.pop("queued", 0) + by_status.pop("running", 0)
+        rows.append((str(job), reverse("dashboard:job", args=[job.pk]), by_status))
+    return rows
+
+
+def task_outcome_rows(*, limit: int = 12) -> list[tuple[str, str, dict[str, int]]]:
+    """The overview chart's rows by task: the tasks with the most stored runs, each run's outcome (one query)."""
+    from urllib.parse import urlencode
+
+    from django.urls import reverse
+
+    from experience.models import Trajectory
+
+    rows = (Trajectory.objects.values("task_key")
+            .annotate(n=Count("id"), succeeded=Count("id", filter=Q(success=True)),
+                      failed=Count("id", filter=Q(success=False)), unknown=Count("id", filter=Q(success__isnull=True)))
+            .order_by("-n", "task_key")[:limit])
+    return [(row["task_key"] or "(no task)", f"{reverse('dashboard:explorer')}?{urlencode({'task': row['task_key']})}",
+             {"succeeded": row["succeeded"], "failed": row["failed"], "unknown": row["unknown"]}) for row in rows]

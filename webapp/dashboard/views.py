@@ -6,11 +6,11 @@ from django.http import Http404
 from django.shortcuts import render
 
 from experience.errors import NotFound
-from experience.run_steps import run_page_config
+from experience.run_steps import run_labels, run_page_config
 from experience.selectors import trajectory_get, trajectory_list
 from experience.services.curation import curation_history
 from webapp.access.permissions import scope_required
-from webapp.dashboard import selectors
+from webapp.dashboard import charts, selectors
 from webapp.dashboard.jobs import open_rollouts
 from webapp.dashboard.live import job_snapshot
 from webapp.rollouts import selectors as rollout_selectors
@@ -21,11 +21,24 @@ HISTORY_ROWS = 20  # a run's latest curation events on its page; the API lists t
 
 @scope_required("jobs")
 def overview(request):
+    jobs = selectors.jobs_overview()
     return render(request, "dashboard/overview.html", {
         "fleets": selectors.fleets_overview(),
-        "jobs": selectors.jobs_overview(),
+        "jobs": jobs,
         "trajectories": trajectory_list(limit=20),
+        **outcome_charts(jobs),
     })
+
+
+def outcome_charts(jobs) -> dict:
+    """The overview's two outcome charts: the latest jobs' rollouts, and the most-run tasks' stored runs."""
+    by_job = charts.outcome_bars(selectors.job_outcome_rows(jobs[:12]))
+    by_task = charts.outcome_bars(selectors.task_outcome_rows())
+    colours = charts.OUTCOME_COLOURS
+    return {"job_bars": by_job, "job_chart_height": charts.chart_height(by_job),
+            "job_legend": [(name, colours[name]) for name in ("succeeded", "failed", "infra_error", "cancelled", "open")],
+            "task_bars": by_task, "task_chart_height": charts.chart_height(by_task),
+            "task_legend": [(name, colours[name]) for name in ("succeeded", "failed", "unknown")]}
 
 
 @scope_required("jobs")
@@ -51,5 +64,6 @@ def trajectory_detail(request, trajectory_id: int):
     history = list(curation_history(trajectory_id=trajectory.pk)[: HISTORY_ROWS + 1])
     return render(request, "dashboard/trajectory.html", {
         "trajectory": trajectory, "rollout": rollout, "run": run_page_config(trajectory=trajectory),
+        "labels": run_labels(trajectory=trajectory),
         "history": history[:HISTORY_ROWS], "history_more": len(history) > HISTORY_ROWS,
     })
