@@ -290,7 +290,9 @@ def _assistant(transcript: _Transcript, line: dict[str, Any], loc: Location) -> 
         transcript.calls[message_id] = _open_call(transcript, message, line, loc)
     call, reply = transcript.calls[message_id]
     _usage(call, as_dict(message.get("usage")))
-    for block in as_list(message.get("content")):
+    content = message.get("content")
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else as_list(content)
+    for block in blocks:  # a reply given as plain text (some versions, API errors) is one text block
         _assistant_block(transcript, call, reply, as_dict(block), _time(line, loc))
 
 

@@ -140,3 +140,17 @@ def test_another_projects_transcript_fixture_reads_with_its_agent_calls_linked()
     grep = next(s for s in agent.steps if s.kind == "observation")
     assert grep.text == _lines(CLAUDE_CODE_LOG.with_suffix("") / "subagents" / "agent-showcol2.jsonl")[2][
         "message"]["content"][0]["content"]
+
+
+def test_an_assistant_reply_given_as_plain_text_is_its_reply(tmp_path: Path) -> None:
+    lines = [{"parentUuid": None, "isSidechain": False, "type": "user", "uuid": "w-1", "sessionId": "s-text",
+              "timestamp": "2025-07-21T18:02:11.000Z", "message": {"role": "user", "content": "hi"}}, {
+        "parentUuid": "w-1", "isSidechain": False, "type": "assistant", "uuid": "w-9", "sessionId": "s-text",
+        "timestamp": "2025-07-21T18:02:12.000Z",
+        "message": {"id": "msg_err", "model": "<synthetic>", "role": "assistant", "content": "API Error: 529 overloaded"}}]
+    path = tmp_path / "s-text.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    [record] = read_all(path)
+    call = next(s for s in record.steps if s.kind == "model_call")
+    assert call.response_text == "API Error: 529 overloaded"
+    assert (record.model, record.metadata["models"]) == ("", [])  # "<synthetic>": Claude Code's own message
