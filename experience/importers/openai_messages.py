@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from experience.importers import conversations
 from experience.importers.base import (
     Location,
     UniqueRefs,
@@ -25,6 +26,7 @@ from experience.importers.base import (
     first_line,
     iter_jsonl,
     optional,
+    read_head,
     ref_name,
     require,
     task_hash,
@@ -50,6 +52,9 @@ def detect(path: Path, head: bytes) -> bool:
 
 
 def parse(path: Path, *, name: str | None = None) -> Iterator[TrajectoryRecord]:
+    if conversations.detect(path, read_head(path)):  # one JSON document (an array): not JSONL, read it whole
+        yield from conversations.parse(path, name=name)
+        return
     refs = UniqueRefs()
     for record_index, (line, obj) in enumerate(iter_jsonl(path)):
         yield _record(path, name, obj, Location(path, line=line, record=record_index), refs)

@@ -125,3 +125,10 @@ def test_reasoning_returned_beside_the_content_is_the_model_calls_thought(tmp_pa
     [record] = read_all(path)
     call = next(s for s in record.steps if s.kind == "model_call")
     assert (call.text, call.response_text) == ("think first", "a")
+
+
+def test_the_array_forced_as_the_jsonl_format_still_reads(tmp_path: Path) -> None:
+    """What used to answer "invalid JSON at column 1 (corrupted?)"."""
+    array = tmp_path / "runs.json"
+    array.write_text(json.dumps(raw_jsonl(CONVERSATIONS), indent=2))
+    assert [r.task_key for r in read_all(array, "openai_messages")] == [r.task_key for r in read_all(CONVERSATIONS)]
