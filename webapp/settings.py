@@ -227,6 +227,9 @@ TROVE_MAX_STEPS_PER_TRAJECTORY = env_int("TROVE_MAX_STEPS_PER_TRAJECTORY", 20000
 TROVE_MAX_CONTENT_CHARS = env_int("TROVE_MAX_CONTENT_CHARS", 4 * 1024 * 1024)
 TROVE_DATASET_DIR = Path(env_str("TROVE_DATASET_DIR") or VAR_DIR / "datasets")
 TROVE_INDEX_DIR = Path(env_str("TROVE_INDEX_DIR") or VAR_DIR / "index")
+# RL samples of calls recorded without token ids are re-tokenised with the tokenizer their endpoint names
+# here, "endpoint=/path/tokenizer.json,..." (an operator's setting: no job or dataset spec names a file).
+TROVE_RL_TOKENIZERS = dict(item.split("=", 1) for item in env_list("TROVE_RL_TOKENIZERS", []))
 TROVE_DEDUP_EMBEDDER = env_choice("TROVE_DEDUP_EMBEDDER", "lexical", ("lexical", "minilm"))  # dedup README
 DATA_UPLOAD_MAX_MEMORY_SIZE = TROVE_MAX_BODY_BYTES
 

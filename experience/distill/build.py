@@ -26,6 +26,7 @@ from experience.distill.credit import sft_rows
 from experience.distill.errors import EmptyDatasetError
 from experience.distill.manifest import ManifestBuilder
 from experience.distill.pairwise import pairwise_rows
+from experience.distill.rl_rows import rl_rows
 from experience.distill.schemas import schema_for_kind
 from experience.distill.source import SourceRun
 from experience.distill.spec import DatasetSpec
@@ -40,6 +41,7 @@ _ROW_MAKERS: dict[str, Callable[[Iterable[SourceRun], DatasetSpec], Iterator[Row
     "outcome": outcome_rows,
     "pairwise": pairwise_rows,
     "sft": sft_rows,
+    "rl": rl_rows,
 }
 
 

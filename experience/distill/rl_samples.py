@@ -16,6 +16,7 @@ Plain functions over dataclasses: no database here (the service is `experience.s
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -336,3 +337,17 @@ def assemble(calls: Sequence[ModelCall], *, encode: Encode | None = None) -> Ass
     if encode is None:
         return Assembly([], exact=False, calls=len(calls), note=f"{note} and the endpoint names no tokenizer")
     return Assembly(retokenised_samples(calls, encode), exact=False, calls=len(calls), note=f"{note}: re-tokenised")
+
+
+def configured_encoder(endpoint: str) -> Encode | None:
+    """The encoder of the tokenizer the operator named for a model endpoint (`TROVE_RL_TOKENIZERS`), or
+    None. Loaded once per process and path."""
+    from django.conf import settings
+
+    path = getattr(settings, "TROVE_RL_TOKENIZERS", {}).get(endpoint)
+    return _cached_encoder(path) if path else None
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_encoder(path: str) -> Encode:
+    return tokenizer_encoder(path)

@@ -90,6 +90,27 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("trained_turns", pa.int32()),
         ]
     ),
+    "rl": pa.schema(
+        _IDENTITY
+        + [
+            ("trajectory_id", pa.string()),
+            ("job_id", pa.int64()),
+            ("rollout_sample_index", pa.int32()),
+            ("sample_index", pa.int32()),
+            ("token_ids", pa.list_(pa.int32())),
+            ("loss_mask", pa.list_(pa.int8())),
+            ("logprobs", pa.list_(pa.float64())),
+            ("exact", pa.bool_()),
+            ("calls", pa.list_(pa.int32())),
+            ("policy_version", pa.string()),
+            ("fork_cause", pa.string()),
+            ("fork_message_index", pa.int32()),
+            ("fork_token_index", pa.int32()),
+            ("reward", pa.float64()),
+            ("outcome", pa.bool_()),
+            ("process_rewards", pa.list_(pa.struct([("step", pa.int32()), ("label", pa.string())]))),
+        ]
+    ),
 }
 
 

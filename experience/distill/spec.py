@@ -14,7 +14,7 @@ from typing import Any
 
 from experience.distill.errors import SpecError
 
-KINDS = ("value", "outcome", "pairwise", "sft")
+KINDS = ("value", "outcome", "pairwise", "sft", "rl")
 SFT_MODES = ("truncate", "mask")
 GROUP_BYS = ("task", "repo")
 SPLITS = ("train", "val", "test")
@@ -26,7 +26,8 @@ class DatasetSpec:
     """A validated dataset recipe. Construction raises `SpecError` naming the first bad field.
 
     - `kind`: `value` (one row per decision point), `outcome` (one row per run), `pairwise` (succeeded vs
-      failed runs of one task), `sft` (credit-assigned supervised fine-tuning).
+      failed runs of one task), `sft` (credit-assigned supervised fine-tuning), `rl` (token-exact samples of
+      each run's model calls: `rl_rows`).
     - `gamma`: discount for value targets, in (0, 1].
     - `context_budget_tokens`: the most context a row keeps; tokens are estimated as characters / 4 unless
       the model call recorded its prompt token count.

@@ -29,7 +29,8 @@ def corpus():
     return runs
 
 
-@pytest.mark.parametrize("kind", KINDS)
+# `rl` needs calls recorded with token ids, which this corpus has not: tests/experience/distill/test_rl_samples_dataset.py
+@pytest.mark.parametrize("kind", [kind for kind in KINDS if kind != "rl"])
 def test_every_kind_builds_per_split_files_that_agree_with_the_manifest(tmp_path, kind):
     manifest = distill(iter(corpus()), DatasetSpec(kind=kind, seed=2), out_dir=tmp_path)
 
@@ -101,7 +102,7 @@ def manifest_content(manifest):
     return {key: value for key, value in manifest.items() if key != "files"}
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [kind for kind in KINDS if kind != "rl"])  # rl: see above
 def test_two_shards_of_whole_tasks_merge_into_the_manifest_and_rows_of_one_pass(tmp_path, kind):
     spec = DatasetSpec(kind=kind, seed=2, splits={"train": 0.5, "val": 0.25, "test": 0.25})
     runs = corpus()
