@@ -453,50 +453,40 @@ def step_index(rows: Iterable[Sequence[Any]]) -> dict[str, Any]:
     """The run in columns, one entry per step: `seq`, `kind` (an index into `kinds`), `start` (ms from the
     run's first timestamp, or null), `dur` (ms, or null), `flags` (FAILED, EDIT), `value` (the value estimate,
     when any step has one), `timed` (whether steps carry timestamps), and `marks`: the seqs of the first
-    failure, the first edit and the evaluations. Rows: (seq, kind, started_at, ended_at, duration_ms,
-    is_error, exit_code, value_estimate, tool name, payload success, payload score value)."""
+    failure, the first edit and the evaluations. Rows: (seq, kind, start as epoch ms (its start, else its
+    end), duration ms (stored, else its span), is_error, exit_code, value_estimate, tool name, payload
+    success, payload score value); times come as numbers so a 30,000-step run parses no datetimes."""
     rows = list(rows)
-    starts = [row[2] or row[3] for row in rows]
-    origin = min((moment for moment in starts if moment), default=None)
+    origin = min((row[2] for row in rows if row[2] is not None), default=None)
     kind_codes = {kind: code for code, kind in enumerate(INDEX_KINDS)}
-    index: dict[str, Any] = {"n": len(rows), "kinds": list(INDEX_KINDS), "seq": [], "kind": [], "start": [],
-                             "dur": [], "flags": [], "value": [], "timed": origin is not None}
+    other = len(INDEX_KINDS) - 1
+    seqs, kinds, starts, durations, all_flags, values = [], [], [], [], [], []
     marks: dict[str, Any] = {"first_error": None, "first_edit": None, "evals": []}
-    for row, moment in zip(rows, starts, strict=True):
-        seq, kind, started, ended, duration, is_error, exit_code, value, tool, success, score = row
-        passed = _passed({"success": success}, score, None, exit_code) if kind == "eval" else None
-        flags = _index_flags(kind, is_error, exit_code, tool, passed)
-        index["seq"].append(seq)
-        index["kind"].append(kind_codes.get(kind, len(INDEX_KINDS) - 1))
-        index["start"].append(round((moment - origin).total_seconds() * 1000, 1) if moment and origin else None)
-        index["dur"].append(_index_duration(started, ended, duration))
-        index["flags"].append(flags)
-        index["value"].append(None if value is None else round(value, 4))
-        _mark(marks, kind, seq, flags)
-    if all(value is None for value in index["value"]):
-        index["value"] = None
-    index["marks"] = marks
-    return index
+    for seq, kind, start, duration, is_error, exit_code, value, tool, success, score in rows:
+        flags = 0
+        if is_error or (exit_code is not None and exit_code != 0):
+            flags = FAILED
+        elif kind == "eval" and _passed({"success": success}, score, None, exit_code) is False:
+            flags = FAILED
+        if kind == "file_change" or (kind == "tool_call" and isinstance(tool, str) and _EDIT_TOOLS.search(tool)):
+            flags |= EDIT
+        seqs.append(seq)
+        kinds.append(kind_codes.get(kind, other))
+        starts.append(None if start is None else round(start - origin, 1))
+        durations.append(None if duration is None else round(max(0.0, duration), 1))
+        all_flags.append(flags)
+        values.append(None if value is None else round(value, 4))
+        if flags:
+            _mark(marks, seq, flags)
+        if kind == "eval":
+            marks["evals"].append(seq)
+    return {"n": len(rows), "kinds": list(INDEX_KINDS), "seq": seqs, "kind": kinds, "start": starts,
+            "dur": durations, "flags": all_flags, "value": None if all(v is None for v in values) else values,
+            "timed": origin is not None, "marks": marks}
 
 
-def _index_flags(kind: str, is_error: bool, exit_code: int | None, tool: Any, passed: bool | None) -> int:
-    failed = is_error or _nonzero(exit_code) or passed is False
-    edit = kind == "file_change" or (kind == "tool_call" and isinstance(tool, str) and bool(_EDIT_TOOLS.search(tool)))
-    return (FAILED if failed else 0) | (EDIT if edit else 0)
-
-
-def _index_duration(started: datetime | None, ended: datetime | None, duration: float | None) -> float | None:
-    if duration is not None:
-        return round(duration, 1)
-    if started and ended:
-        return round(max(0.0, (ended - started).total_seconds() * 1000), 1)
-    return None
-
-
-def _mark(marks: dict[str, Any], kind: str, seq: int, flags: int) -> None:
+def _mark(marks: dict[str, Any], seq: int, flags: int) -> None:
     if flags & FAILED and marks["first_error"] is None:
         marks["first_error"] = seq
     if flags & EDIT and marks["first_edit"] is None:
         marks["first_edit"] = seq
-    if kind == "eval":
-        marks["evals"].append(seq)

@@ -196,22 +196,24 @@ def test_the_lens_says_how_history_was_rewritten(after, kind):
 
 
 def test_the_index_marks_failures_edits_and_evaluations():
+    t0 = T0.timestamp() * 1000
     rows = [
-        (0, "model_call", T0, T0 + timedelta(seconds=1), None, False, None, 0.4, None, None, None),
-        (1, "tool_call", None, None, None, False, None, None, "str_replace_editor", None, None),
-        (2, "command", T0 + timedelta(seconds=2), None, 50.0, False, 2, 0.2, None, None, None),
-        (3, "eval", T0 + timedelta(seconds=3), None, None, False, None, None, None, None, "I"),
+        (0, "model_call", t0, 1000.0, False, None, 0.4, None, None, None),
+        (1, "tool_call", None, None, False, None, None, "str_replace_editor", None, None),
+        (2, "command", t0 + 2000, 50.0, False, 2, 0.2, None, None, None),
+        (3, "eval", t0 + 3000, None, False, None, None, None, None, "I"),
+        (4, "eval", t0 + 4000, None, False, None, None, None, True, None),
     ]
     index = step_index(rows)
-    assert index["seq"] == [0, 1, 2, 3] and index["timed"] is True
-    assert index["start"] == [0.0, None, 2000.0, 3000.0] and index["dur"] == [1000.0, None, 50.0, None]
-    assert index["flags"] == [0, EDIT, FAILED, FAILED]
-    assert index["marks"] == {"first_error": 2, "first_edit": 1, "evals": [3]}
-    assert index["value"] == [0.4, None, 0.2, None]
+    assert index["seq"] == [0, 1, 2, 3, 4] and index["timed"] is True
+    assert index["start"] == [0.0, None, 2000.0, 3000.0, 4000.0] and index["dur"] == [1000.0, None, 50.0, None, None]
+    assert index["flags"] == [0, EDIT, FAILED, FAILED, 0]
+    assert index["marks"] == {"first_error": 2, "first_edit": 1, "evals": [3, 4]}
+    assert index["value"] == [0.4, None, 0.2, None, None]
 
 
 def test_an_untimed_run_says_so():
-    index = step_index([(0, "message", None, None, None, False, None, None, None, None, None)])
+    index = step_index([(0, "message", None, None, False, None, None, None, None, None)])
     assert index["timed"] is False and index["value"] is None
 
 
