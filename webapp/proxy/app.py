@@ -1,23 +1,33 @@
-"""The recording proxy: an OpenAI-compatible pass-through that records every chat-completions call.
+"""The recording proxy: a pass-through (or translating) proxy that records every model call, in four protocols.
 
 `make_proxy_app` builds the aiohttp application from injected dependencies, so this module needs no
 Django: `resolve(token)` maps the rollout token in the path to a `Target` (where to forward, with which
-key), and `sink.put(record)` takes the call record off the request path. `resolve` is awaited before
-anything is forwarded: a token it does not know (401) or cannot check (503) makes no upstream call.
+key, in which protocol), and `sink.put(record)` takes the call record off the request path. `resolve` is
+awaited before anything is forwarded: a token it does not know (401) or cannot check (503) makes no
+upstream call.
 
-Routes: `POST /r/{token}/v1/chat/completions`, `GET /r/{token}/v1/models`, `GET /healthz`. An agent is
-pointed at the proxy with `OPENAI_BASE_URL=http://<proxy>/r/<token>/v1`; `Target.upstream_base_url` is the
-upstream's base URL in the same convention (it includes `/v1`).
+Routes, under `/r/{token}`: `POST /v1/chat/completions` (OpenAI Chat Completions), `POST /v1/responses`
+(OpenAI Responses), `POST /v1/messages` and `/v1/messages/count_tokens` (Anthropic Messages) with a
+`HEAD /` pre-connect, `POST /v1beta/models/{model}:generateContent` and `:streamGenerateContent` (Gemini),
+`GET /v1/models`; and `GET /healthz`. Each protocol is a module of webapp/proxy/protocols/. A harness is
+pointed at the proxy with its protocol's base URL (`OPENAI_BASE_URL=http://<proxy>/r/<token>/v1`,
+`ANTHROPIC_BASE_URL=http://<proxy>/r/<token>`, `GOOGLE_GEMINI_BASE_URL=http://<proxy>/r/<token>`);
+`Target.upstream_base_url` is the endpoint's API root its protocol's paths hang off (`.../v1`; Gemini
+`.../v1beta`).
 
-What the client gets is what the upstream sent: status and body bytes for a plain answer, the same bytes
-chunk by chunk for a stream, and of the headers only those its protocol needs (`_PASSED_ON`: no cookies,
-server internals or auth challenges). The endpoint's key is cut out of anything the upstream echoes back,
-before the client or the record sees it. Only failures the upstream could not express itself are the
-proxy's own: 504 when the upstream is silent for `upstream_timeout` seconds, 502 when it cannot be reached,
-403 (`endpoint_refused`) when the endpoint may not be used: its key reference is not allowed or not
-readable, or its address is loopback, link-local or private without `allow_private_network` (checked on
-every address a connection uses, webapp/proxy/addresses.py). The record is handed to the sink after the
-response has been sent.
+When the endpoint speaks the client's protocol, what the client gets is what the upstream sent: status
+and body bytes for a plain answer, the same bytes chunk by chunk for a stream, and of the headers only
+those its protocol needs (`_PASSED_ON`: no cookies, server internals or auth challenges). When it speaks
+another, the call is translated through Chat Completions both ways (a chat stream chunk by chunk; a stream
+of another protocol read whole, then written out); a field with no equivalent is answered 400
+(`untranslatable`, naming the field) and nothing is sent. The endpoint's key is cut out of anything the
+upstream echoes back, before the client or the record sees it. Only failures the upstream could not
+express itself are the proxy's own, in the client's protocol: 504 when the upstream is silent for
+`upstream_timeout` seconds, 502 when it cannot be reached, 403 (`endpoint_refused`) when the endpoint may
+not be used: its key reference is not allowed or not readable, or its address is loopback, link-local or
+private without `allow_private_network` (checked on every address a connection uses,
+webapp/proxy/addresses.py). The record (normalised to Chat Completions, with the raw bytes beside it) is
+handed to the sink after the response has been sent.
 """
 
 from __future__ import annotations
@@ -257,6 +267,8 @@ class _Proxy:
         target = await self._target(request)
         if isinstance(target, web.Response):
             return target
+        if protocol == "gemini" and request.match_info["call"].endswith(":countTokens"):
+            return await _gemini_count_tokens(request)
         call_id = request.headers.get(CALL_ID_HEADER)
         if call_id is not None and not _CALL_ID_PATTERN.fullmatch(call_id):
             return _error_response(
@@ -388,6 +400,12 @@ async def _relay_stream(
     if not await _relay_chunk(response, call, call.redactor.end()):
         return response
     return await _send(request, response, call)
+
+
+async def _gemini_count_tokens(request: web.Request) -> web.Response:
+    """gemini-cli's token count: an estimate (characters / 4), labelled; not a model call, so not recorded."""
+    raw = await request.read()
+    return web.json_response({"totalTokens": max(1, len(raw) // 4), "trove_estimate": True})
 
 
 def _translated_answer(call: _Call, upstream_module: Any, raw: bytes, upstream: aiohttp.ClientResponse) -> web.Response:
@@ -595,14 +613,17 @@ class _Call:
 
     def _raw_exchange(self) -> dict[str, Any] | None:
         """The bytes as they went, to replay the call exactly: kept for every call of another protocol than
-        chat, and for every translated call or stream (a whole chat pass-through is its own record)."""
-        if self.protocol == "chat" and self.upstream_protocol is None and not self.stream:
+        chat and every translated call; of a chat stream passed through, its bytes (a whole chat
+        pass-through is its own record)."""
+        chat_pass_through = self.protocol == "chat" and self.upstream_protocol is None
+        if chat_pass_through and not self.stream:
             return None
         exchange: dict[str, Any] = {
             "protocol": self.protocol,
-            "request": _text(self.raw_request),
             "response": _text(b"".join(self.chunks) if self.stream else self.body),
         }
+        if not chat_pass_through:  # a chat request is recorded as it came (with the model override applied)
+            exchange["request"] = _text(self.raw_request)
         if self.upstream_protocol is not None:
             exchange["upstream"] = {
                 "protocol": self.upstream_protocol,
@@ -719,13 +740,6 @@ def _key_prefix_at_end(data: bytes, key: bytes) -> int:
             return len(data) - start
         start = data.find(key[:1], start + 1)
     return 0
-
-
-def _protocol_refusal(target: Target, route: str) -> str | None:
-    if target.protocol == route:
-        return None
-    return (f"endpoint {target.endpoint!r} speaks {target.protocol}, and this proxy forwards {route} calls only "
-            "to an endpoint that speaks the same protocol")
 
 
 def _address_refusal(target: Target, refused: str) -> str:

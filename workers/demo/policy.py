@@ -39,6 +39,8 @@ class Action:
     kind: str  # explore | reproduce | edit | test | submit
     thought: str
     command: str = ""
+    path: str = ""  # the file an explore action reads (a read tool can do it instead of the command)
+    edit: Edit | None = None  # the one replacement an edit action makes (an edit tool can do it instead)
 
 
 Episode = Generator[Action, str, None]
@@ -93,18 +95,56 @@ SHELL_TOOL_NAMES = ("bash", "exec_command", "Bash", "run_shell_command", "shell"
 def next_turn(
     messages: list[dict[str, Any]], tools: list[Tool], *, seed: int | str | None = None
 ) -> Turn:
-    """The next turn with tools: a command goes to the request's shell-like tool; the end is plain text
+    """The next turn with tools: a command goes to the request's shell-like tool (a file read or an edit to
+    its file tools, when it offers a read and an edit tool and names its working directory); the end is plain text
     (what Codex, Claude Code and opencode take as the final answer), except for mini-swe-agent, whose run
     ends on a command that prints its marker. Without a shell-like tool it answers in text, as `next_reply`."""
     action, mini_swe = next_action(messages, seed=seed)
     tool = shell_tool(tools)
     if tool is None:
         return Turn(render(action, mini_swe=mini_swe), None)
+    file_call = _file_tool_call(action, tools, messages)
+    if file_call is not None:
+        return Turn(action.thought, file_call)
     if action.kind == "submit":
         if not mini_swe:
             return Turn(action.thought, None)
         return Turn(action.thought, ToolCall(tool.name, shell_arguments(tool, f"echo {_MINI_SWE_SUBMIT}", action.thought)))
     return Turn(action.thought, ToolCall(tool.name, shell_arguments(tool, action.command, action.thought)))
+
+
+# File tools by harness: Claude Code (Read / Edit), opencode (read / edit), gemini-cli and qwen-code
+# (read_file / replace). Each wants an absolute path, and Claude Code and opencode refuse to edit a file the
+# session has not read through their read tool, so the two are used together or not at all.
+_READ_TOOLS = ("Read", "read", "read_file")
+_EDIT_TOOLS = ("Edit", "edit", "replace")
+_PATH_KEYS = ("file_path", "filePath", "absolute_path", "path")
+_OLD_NEW_KEYS = (("old_string", "new_string"), ("oldString", "newString"))
+_WORKDIR = re.compile(r"(?:Working directory|working in the directory|<cwd>)[:\s]*(/[^\s<>'\"`]+)", re.IGNORECASE)
+
+
+def _file_tool_call(action: Action, tools: list[Tool], messages: list[dict[str, Any]]) -> ToolCall | None:
+    """A read or edit through the request's file tools, when it has both and says its working directory
+    (their paths are absolute); None to use the shell tool instead."""
+    if not (action.path and action.kind == "explore") and action.edit is None:
+        return None
+    by_name = {tool.name: tool for tool in tools}
+    read = next((by_name[n] for n in _READ_TOOLS if n in by_name), None)
+    edit = next((by_name[n] for n in _EDIT_TOOLS if n in by_name), None)
+    system, first_user, _ = _read_conversation(messages)
+    workdir = _WORKDIR.search(system + "\n" + first_user)
+    if read is None or edit is None or workdir is None:
+        return None
+    read_key = next((k for k in _PATH_KEYS if k in _properties(read)), None)
+    edit_key = next((k for k in _PATH_KEYS if k in _properties(edit)), None)
+    old_new = next((pair for pair in _OLD_NEW_KEYS if set(pair) <= set(_properties(edit))), None)
+    if read_key is None or edit_key is None or old_new is None:
+        return None
+    root = workdir.group(1).rstrip("/.")
+    if action.edit is not None:
+        return ToolCall(edit.name, {edit_key: f"{root}/{action.edit.path}", old_new[0]: action.edit.old,
+                                    old_new[1]: action.edit.new})
+    return ToolCall(read.name, {read_key: f"{root}/{action.path}"})
 
 
 def shell_tool(tools: list[Tool]) -> Tool | None:
@@ -222,7 +262,8 @@ def _episode(task: DemoTask, rng: random.Random) -> Episode:
     if strategy == "wander":
         yield from _wander(task, rng, test_cmd)
     edit = task.solution if strategy == "solve" else [rng.choice(task.decoys)]
-    observation = yield Action("edit", _edit_thought(task, edit, rng), edit_command(edit))
+    observation = yield Action("edit", _edit_thought(task, edit, rng), edit_command(edit),
+                               edit=edit[0] if len(edit) == 1 else None)
     if "Traceback" in observation:  # the edit did not apply: the file is not what the script expected
         yield from _give_up(task, rng)
     observation = yield Action("test", rng.choice(_RETEST), test_cmd)
@@ -249,7 +290,7 @@ def _explore(task: DemoTask, rng: random.Random) -> Episode:
     if rng.random() < 0.8:
         targets.insert(rng.randrange(len(targets) + 1), test_path)
     for path in targets:
-        yield Action("explore", rng.choice(_READ).format(path=path), rng.choice(_CAT).format(path=path))
+        yield Action("explore", rng.choice(_READ).format(path=path), rng.choice(_CAT).format(path=path), path=path)
     if rng.random() < 0.35:
         symbol = _symbol(task, rng)
         yield Action("explore", f"Where is `{symbol}` used?", f"grep -rn '{symbol}' --include='*.py' .")
@@ -257,7 +298,7 @@ def _explore(task: DemoTask, rng: random.Random) -> Episode:
 
 def _give_up(task: DemoTask, rng: random.Random) -> Episode:
     path = rng.choice(task.source_paths)
-    yield Action("explore", rng.choice(_READ).format(path=path), f"cat -n {path}")
+    yield Action("explore", rng.choice(_READ).format(path=path), f"cat -n {path}", path=path)
     while True:
         yield Action("submit", rng.choice(_GIVE_UP))
 
@@ -268,7 +309,8 @@ def _wander(task: DemoTask, rng: random.Random, test_cmd: str) -> Episode:
         roll = rng.random()
         path = rng.choice(sorted(task.files))
         if roll < 0.45:
-            yield Action("explore", rng.choice(_READ).format(path=path), rng.choice(_CAT).format(path=path))
+            yield Action("explore", rng.choice(_READ).format(path=path), rng.choice(_CAT).format(path=path),
+                         path=path)
         elif roll < 0.65:
             symbol = _symbol(task, rng)
             yield Action("explore", f"Let me check how `{symbol}` is used.", f"grep -rn '{symbol}' .")

@@ -261,3 +261,17 @@ def test_errors_come_back_in_the_clients_protocol(protocol_proxy: ProtocolProxy)
     assert reply.status == 400 and reply.json()["error"]["status"] == "INVALID_REQUEST"
     reply = post(protocol_proxy.url("responses", "responses"), {"model": "m", "input": [{"type": "bogus"}]})
     assert reply.status == 400 and reply.json()["error"]["param"] == "input[0].type"  # the demo model's own
+
+
+def test_gemini_count_tokens_is_estimated_not_recorded_and_unknown_methods_are_404(protocol_proxy: ProtocolProxy):
+    base = f"{protocol_proxy.base_url}/r/tok-gemini-gemini-demo/v1beta/models/demo"
+    protocol_proxy.sink.flush(5)  # the records of earlier tests' calls
+    before = len(protocol_proxy.records)
+    counted = post(f"{base}:countTokens", {"contents": [{"role": "user", "parts": [{"text": PROMPT}]}]})
+    assert counted.status == 200 and counted.json()["totalTokens"] > 0 and counted.json()["trove_estimate"]
+    protocol_proxy.sink.flush(5)
+    assert len(protocol_proxy.records) == before
+    call_id = new_call_id()
+    unknown = post(f"{base}:embedContent", {"content": {}}, call_id=call_id)
+    assert unknown.status == 404 and "embedContent" in unknown.json()["error"]["message"]
+    assert protocol_proxy.record(call_id).error_kind == "invalid_request"

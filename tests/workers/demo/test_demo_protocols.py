@@ -313,3 +313,68 @@ def test_count_tokens_preconnect_and_protocol_shaped_errors(demo_model_url):
     assert status == 400 and "input[0].type" == json.loads(raw)["error"]["param"]
     status, raw = _post(root + "/v1beta/models/m:generateContent", {"contents": "x"})
     assert status == 400 and json.loads(raw)["error"]["code"] == 400
+
+
+def _claude_tools(workspace: Path) -> Messages:
+    client = Messages(get_demo_task("slugify").instruction, 0)
+    client.body["system"].append({"type": "text", "text": f"Here is useful information about the environment:\n"
+                                                          f"<env>\nWorking directory: {workspace}\n</env>"})
+    client.body["tools"] = [
+        {"name": "Read", "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}},
+                                          "required": ["file_path"]}},
+        {"name": "Edit", "input_schema": {"type": "object", "properties": {
+            "file_path": {"type": "string"}, "old_string": {"type": "string"}, "new_string": {"type": "string"}},
+            "required": ["file_path", "old_string", "new_string"]}},
+        {"name": "Bash", "input_schema": SCHEMA_COMMAND}]
+    return client
+
+
+def _claude_tool(name: str, arguments: dict, workspace: Path, read: set[str]) -> tuple[str, int]:
+    """Read and Edit as Claude Code runs them: absolute paths, and no edit of a file not read first."""
+    if name == "Bash":
+        return _run(arguments["command"], workspace)
+    path = Path(arguments["file_path"])
+    assert path.is_absolute() and path.is_relative_to(workspace)
+    if name == "Read":
+        read.add(str(path))
+        return "".join(f"{i:6}\t{line}" for i, line in enumerate(path.read_text().splitlines(True), 1)), 0
+    if str(path) not in read:
+        return "File has not been read yet. Read it first before writing to it.", 1
+    text = path.read_text()
+    if text.count(arguments["old_string"]) != 1:
+        return "String to replace not found in file.", 1
+    path.write_text(text.replace(arguments["old_string"], arguments["new_string"]))
+    return f"The file {path} has been updated.", 0
+
+
+def test_with_read_and_edit_tools_the_model_reads_and_edits_through_them(demo_model_url, tmp_path):
+    task = get_demo_task("slugify")
+    used, solved = set(), 0
+    for seed in range(4):
+        workspace = _workspace(tmp_path / str(seed), "slugify")
+        client, read = _claude_tools(workspace), set()
+        client.body["metadata"]["user_id"] = f"seed-{seed}"
+        for _ in range(20):
+            status, raw = _post(_root(demo_model_url) + client.path, client.body)
+            assert status == 200, raw
+            _, call, _ = client.turn(json.loads(raw))
+            if call is None:
+                break
+            used.add(call[1])
+            client.result(call[0], *_claude_tool(call[1], call[2], workspace, read))
+        solved += _run(task.test_command, workspace)[1] == 0
+    assert used == {"Read", "Edit", "Bash"} and solved >= 1
+
+
+def test_without_a_working_directory_file_edits_go_through_the_shell(demo_model_url, tmp_path):
+    client = _claude_tools(tmp_path)
+    client.body["system"].pop()
+    names = set()
+    for _ in range(12):
+        _, raw = _post(_root(demo_model_url) + client.path, client.body)
+        _, call, _ = client.turn(json.loads(raw))
+        if call is None:
+            break
+        names.add(call[1])
+        client.result(call[0], *_run(call[2]["command"], _workspace(tmp_path, "slugify")))
+    assert names == {"Bash"}
