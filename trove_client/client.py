@@ -104,6 +104,30 @@ class TroveClient:
             if not page["has_more"]:
                 time.sleep(poll_interval)
 
+    def iter_samples(self, job_id: int, *, after: str | int = 0, poll_interval: float = 5.0,
+                     limit: int = 20, timeout: float | None = None) -> Iterator[dict]:
+        """Every RL sample of the job as its rollouts finish (succeeded or failed ones), until the job has
+        ended: token_ids, loss_mask, logprobs, reward, exact, fork, policy_version and the group keys
+        (rollout_id, task, rollout_sample_index, sample).
+
+        A sample's `cursor` is its rollout's: a trainer that stops resumes with `after=` the cursor of the
+        last rollout whose samples it has all handled. `limit`: rollouts per page. Sleeps `poll_interval`
+        between empty polls; with `timeout`, raises TimeoutError if the job has not ended by then.
+        """
+        cursor = after
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            query = urllib.parse.urlencode({"after": cursor, "limit": limit})
+            page = self._request("GET", f"/api/v1/jobs/{job_id}/samples/?{query}")
+            yield from page["results"]
+            cursor = page["next_cursor"]
+            if page["done"]:
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} is still {page['job_status']} after {timeout} s (cursor {cursor})")
+            if not page["has_more"]:
+                time.sleep(poll_interval)
+
     def cancel_job(self, job_id: int) -> dict:
         """Cancel the job: queued rollouts never start, running ones stop at their next heartbeat."""
         return self._request("POST", f"/api/v1/jobs/{job_id}/cancel/", {})

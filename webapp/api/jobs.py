@@ -1,4 +1,4 @@
-"""REST API: rollout jobs, their finished rollouts (a cursor a trainer polls), cancel, re-run, task sets.
+"""REST API: rollout jobs, their finished rollouts and RL samples (cursors a trainer polls), cancel, re-run, task sets.
 
 Views are thin: input serializer -> service or selector -> output serializer. Domain errors (experience.errors)
 become 4xx bodies naming the field in webapp/api/exception_handlers.py. A job names a registered model
@@ -19,6 +19,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from experience.errors import Conflict
+from experience.services.rl_samples import run_samples, sample_data
 from webapp.api.paging import cursor_page
 from webapp.api.parsers import BoundedJSONParser
 from webapp.api.ranges import INT_MAX
@@ -31,6 +32,8 @@ SECRET_FIELDS = ("api_key", "openai_api_key", "key", "secret")
 # Accepted before endpoints were registered objects: a clear error, not a silent drop.
 RETIRED_FIELDS = ("model_base_url", "api_key_ref")
 DEFAULT_PAGE, MAX_PAGE = 100, 1000
+DEFAULT_SAMPLE_PAGE, MAX_SAMPLE_PAGE = 20, 200  # rollouts per samples page: each is assembled from its steps
+TRAINING_STATUSES = (Rollout.Status.SUCCEEDED, Rollout.Status.FAILED)  # infra errors and cancels are no data
 
 
 
@@ -200,6 +203,46 @@ class RolloutPageQuerySerializer(serializers.Serializer):
     limit = serializers.IntegerField(min_value=1, max_value=MAX_PAGE, default=DEFAULT_PAGE)
 
 
+class SampleSerializer(serializers.Serializer):
+    cursor = serializers.CharField(help_text="the rollout's cursor: pass as ?after= to get what finished later")
+    rollout_id = serializers.IntegerField()
+    task = serializers.CharField()
+    rollout_sample_index = serializers.IntegerField()
+    rollout_status = serializers.CharField()
+    reward = serializers.FloatField(allow_null=True)
+    trajectory_id = serializers.IntegerField()
+    sample = serializers.IntegerField(help_text="the sample's index within its rollout")
+    exact = serializers.BooleanField(help_text="token ids as the server returned them; false: re-tokenised")
+    token_ids = serializers.ListField(child=serializers.IntegerField())
+    loss_mask = serializers.ListField(child=serializers.IntegerField(), help_text="1: the policy generated the token")
+    logprobs = serializers.ListField(child=serializers.FloatField(allow_null=True))
+    calls = serializers.ListField(child=serializers.IntegerField(), help_text="the step seqs of its model calls")
+    policy_version = serializers.CharField(allow_null=True)
+    policy_versions = serializers.ListField(child=serializers.CharField())
+    fork = serializers.DictField(allow_null=True, help_text="why this sample started (cause, message, token)")
+
+
+class SkippedRolloutSerializer(serializers.Serializer):
+    rollout_id = serializers.IntegerField()
+    cursor = serializers.CharField()
+    reason = serializers.CharField()
+
+
+class SamplePageSerializer(serializers.Serializer):
+    results = SampleSerializer(many=True)
+    skipped = SkippedRolloutSerializer(many=True, help_text="finished rollouts of the page that gave no samples")
+    next_cursor = serializers.CharField(help_text="pass as ?after= on the next poll")
+    has_more = serializers.BooleanField(help_text="more finished rollouts are waiting: poll again now")
+    job_status = serializers.CharField()
+    done = serializers.BooleanField(help_text="the job has ended and every sample it made is in your hands")
+
+
+class SamplePageQuerySerializer(serializers.Serializer):
+    after = serializers.IntegerField(min_value=0, max_value=INT_MAX, default=0, help_text="a cursor from an earlier page (0: from the start)")
+    limit = serializers.IntegerField(min_value=1, max_value=MAX_SAMPLE_PAGE, default=DEFAULT_SAMPLE_PAGE,
+                                     help_text="rollouts per page (each gives its samples)")
+
+
 class RerunInputSerializer(serializers.Serializer):
     statuses = serializers.ListField(child=serializers.ChoiceField(choices=services.RERUNNABLE),
                                      required=False, allow_empty=False)
@@ -296,6 +339,46 @@ class JobRolloutsApi(APIView):
         return Response(RolloutPageSerializer(page, context={"request": request}).data)
 
 
+class JobSamplesApi(APIView):
+    scope_area = "jobs"
+    @extend_schema(parameters=[SamplePageQuerySerializer], responses=SamplePageSerializer, operation_id="jobs_samples")
+    def get(self, request: Request, job_id: int) -> Response:
+        """The RL samples of finished rollouts in the order they finished, after the cursor `after` (the same
+        cursor as /rollouts/). Poll with `next_cursor` until `done`."""
+        query = SamplePageQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        job = selectors.job_get(job_id=job_id)  # before the rollouts: see JobRolloutsApi
+        after, limit = query.validated_data["after"], query.validated_data["limit"]
+        rows = selectors.job_finished_rollouts(job_id=job.pk, after=after, limit=limit + 1)
+        has_more, rows = len(rows) > limit, rows[:limit]
+        results, skipped = _rollout_samples(rows)
+        page = {
+            "results": results, "skipped": skipped,
+            "next_cursor": str(rows[-1].finish_seq if rows else after),
+            "has_more": has_more, "job_status": job.status,
+            "done": job.status not in selectors.JOB_OPEN and not has_more,
+        }
+        return Response(SamplePageSerializer(page).data)
+
+
+def _rollout_samples(rollouts: list[Rollout]) -> tuple[list[dict], list[dict]]:
+    """The samples of the rollouts that are training data, and why each other rollout gave none."""
+    usable = [r for r in rollouts if r.status in TRAINING_STATUSES and r.trajectory_id]
+    assemblies = run_samples(trajectory_ids=[r.trajectory_id for r in usable])
+    results, skipped = [], []
+    for rollout in rollouts:
+        assembly = assemblies.get(rollout.trajectory_id) if rollout in usable else None
+        if assembly is None or not assembly.samples:
+            reason = assembly.note if assembly is not None else f"rollout {rollout.status}"
+            skipped.append({"rollout_id": rollout.pk, "cursor": str(rollout.finish_seq), "reason": reason})
+            continue
+        head = {"cursor": str(rollout.finish_seq), "rollout_id": rollout.pk, "task": rollout.task.key,
+                "rollout_sample_index": rollout.sample_index, "rollout_status": rollout.status,
+                "reward": rollout.reward, "trajectory_id": rollout.trajectory_id}
+        results += [{**head, **sample_data(sample)} for sample in assembly.samples]
+    return results, skipped
+
+
 class JobCancelApi(APIView):
     scope_area = "jobs"
     @extend_schema(request=None, responses=CancelOutputSerializer, operation_id="jobs_cancel")
@@ -355,6 +438,7 @@ urlpatterns = [
     path("jobs/", JobListApi.as_view(), name="api-jobs"),
     path("jobs/<int:job_id>/", JobDetailApi.as_view(), name="api-job"),
     path("jobs/<int:job_id>/rollouts/", JobRolloutsApi.as_view(), name="api-job-rollouts"),
+    path("jobs/<int:job_id>/samples/", JobSamplesApi.as_view(), name="api-job-samples"),
     path("jobs/<int:job_id>/cancel/", JobCancelApi.as_view(), name="api-job-cancel"),
     path("jobs/<int:job_id>/rerun-failed/", JobRerunFailedApi.as_view(), name="api-job-rerun-failed"),
     path("jobs/<int:job_id>/live/", JobLiveApi.as_view(), name="job-live"),

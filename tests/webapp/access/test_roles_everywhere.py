@@ -71,10 +71,12 @@ TABLE: dict[str, dict[str, str]] = {
     "dashboard:dataset-build": {"POST": "datasets:write"},
     "dashboard:dataset-version": {"GET": "datasets:read"},
     "dashboard:dataset-compare": {"GET": "datasets:read"},
+    "dashboard:dataset-manifest": {"GET": "datasets:read"},
     # the API: jobs and model endpoints
     "api-jobs": {"GET": "jobs:read", "POST": "jobs:write"},
     "api-job": {"GET": "jobs:read"},
     "api-job-rollouts": {"GET": "jobs:read"},
+    "api-job-samples": {"GET": "jobs:read"},
     "api-job-cancel": {"POST": "jobs:write"},
     "api-job-rerun-failed": {"POST": "jobs:write"},
     "job-live": {"GET": "jobs:read"},
