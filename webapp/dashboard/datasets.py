@@ -23,6 +23,7 @@ from experience.models import DatasetVersion, Trajectory
 from experience.services import datasets
 from webapp.access.permissions import scope_required
 from webapp.api.ranges import INT_MAX
+from webapp.dashboard import dataset_preview
 
 BUILD_TASK = "trove.datasets.build"
 CHART_TASKS = 40  # the balance chart shows the largest tasks; the rest are summed up in one line
@@ -178,6 +179,7 @@ def dataset_version(request, name: str, version: int):
         "splits": _split_rows(manifest), "chart": balance_chart(manifest.get("task_rows") or {}, spec),
         "files": _files(found), "best_of": _best_of_rows(found.metrics or {}),
         "others": found.dataset.versions.exclude(pk=found.pk).order_by("-version").values_list("version", flat=True),
+        "previews": dataset_preview.split_previews(found), "preview_rows": dataset_preview.PREVIEW_ROWS,
     })  # fmt: skip
 
 
@@ -189,8 +191,11 @@ def dataset_compare(request):
     except TroveError as error:
         raise Http404(error.message) from None
     diff = datasets.version_compare(a=a, b=b)
+    changes = dataset_preview.run_changes(a, b)
     return render(request, "dashboard/dataset_compare.html", {
-        "a": a, "b": b, "diff": diff,
+        "a": a, "b": b, "diff": diff, "changes": changes,
+        "run_lists": [(f"Added in {b}", changes["added"], changes["n_added"], "runs-added"),
+                      (f"Removed since {a}", changes["removed"], changes["n_removed"], "runs-removed")],
         "split_rows": [{"name": name, **counts} for name, counts in diff["splits"].items()],
     })  # fmt: skip
 

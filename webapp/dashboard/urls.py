@@ -1,6 +1,6 @@
 from django.urls import path
 
-from webapp.dashboard import clusters, compare, datasets, explorer, jobs, views
+from webapp.dashboard import clusters, compare, dataset_preview, datasets, explorer, jobs, views
 from webapp.dashboard import fleets as fleet_views
 
 app_name = "dashboard"
@@ -30,5 +30,6 @@ urlpatterns = [
     path("datasets/<str:name>/", datasets.dataset_detail, name="dataset"),
     path("datasets/<str:name>/build/", datasets.dataset_build, name="dataset-build"),
     path("datasets/<str:name>/v<int:version>/", datasets.dataset_version, name="dataset-version"),
+    path("datasets/<str:name>/v<int:version>/manifest/", dataset_preview.dataset_manifest, name="dataset-manifest"),
     path("dataset-compare/", datasets.dataset_compare, name="dataset-compare"),
 ]
