@@ -24,6 +24,7 @@ from experience.importers.base import (
     UniqueRefs,
     as_dict,
     content_text,
+    first_json_line,
     load_json_document,
     optional,
     ref_name,
@@ -54,8 +55,15 @@ def detect(path: Path, head: bytes) -> bool:
 
 
 def _is_jsonl(head: bytes) -> bool:
-    first, _, rest = head.lstrip().partition(b"\n")
-    return first.rstrip().endswith(b"}") and rest.lstrip().startswith(b"{")
+    """One object per line: the first line is a whole object (or longer than the head, which a one-line
+    document and a JSONL line read alike). A pretty-printed document opens with a bare bracket instead."""
+    stripped = head.lstrip()
+    if not stripped.startswith(b"{"):
+        return False
+    first = first_json_line(head)
+    if isinstance(first, dict):  # a conversation on its line is JSONL; a one-line wrapping object is ours
+        return _messages_key(first) is not None
+    return b"\n" not in stripped
 
 
 def parse(path: Path, *, name: str | None = None) -> Iterator[TrajectoryRecord]:

@@ -132,3 +132,13 @@ def test_the_array_forced_as_the_jsonl_format_still_reads(tmp_path: Path) -> Non
     array = tmp_path / "runs.json"
     array.write_text(json.dumps(raw_jsonl(CONVERSATIONS), indent=2))
     assert [r.task_key for r in read_all(array, "openai_messages")] == [r.task_key for r in read_all(CONVERSATIONS)]
+
+
+def test_a_one_line_wrapping_object_is_a_document_and_a_jsonl_with_a_deep_line_is_still_jsonl(tmp_path: Path) -> None:
+    rows = raw_jsonl(CONVERSATIONS)
+    one_line = tmp_path / "export.json"
+    one_line.write_text(json.dumps({"conversations": rows}))
+    assert detect_format(one_line) == "openai_conversations" and len(read_all(one_line)) == len(rows)
+    jsonl = tmp_path / "runs.jsonl"
+    jsonl.write_text(json.dumps(rows[0]) + "\n" + "[" * 5 + "]" * 5 + "\n")
+    assert detect_format(jsonl) == "openai_messages"
