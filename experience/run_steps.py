@@ -41,7 +41,8 @@ def run_page_config(*, trajectory: Trajectory) -> dict[str, Any]:
     """What the run page embeds: the first screen of step views and the final diff. The rest of the run is
     fetched as the reader scrolls (`step_views`, `run_step_index`)."""
     views, last = step_views(trajectory=trajectory, limit=FIRST_SCREEN)
-    return {"id": trajectory.pk, "n_steps": trajectory.n_steps, "first": views, "next_after": last,
+    has_values = Step.objects.filter(trajectory=trajectory, value_estimate__isnull=False).exists()
+    return {"id": trajectory.pk, "n_steps": trajectory.n_steps, "first": views, "next_after": last, "has_values": has_values,
             "final_diff": diff_view(trajectory.final_diff) if trajectory.final_diff else None}
 
 

@@ -259,9 +259,19 @@ def diff_view(diff: str) -> dict[str, Any]:
     return {"files": files, "omitted": omitted}
 
 
-def diff_lines(diff: str) -> list[tuple[str, str]]:
-    """Each line of a unified diff with its class for colouring: file, hunk, add, del or ctx."""
-    return [(_line_class(line), line) for line in diff.split("\n")] if diff else []
+def diff_lines(diff: str, *, nested: bool = False) -> list[tuple[str, str]]:
+    """Each line of a unified diff with its class for colouring: file, hunk, add, del or ctx. `nested`: a diff
+    of two diffs, whose own file headers are only its first two lines (the rest are the patches' lines)."""
+    if not diff:
+        return []
+    lines = diff.split("\n")
+    if nested:
+        return [("file", line) for line in lines[:2]] + [(_nested_class(line), line) for line in lines[2:]]
+    return [(_line_class(line), line) for line in lines]
+
+
+def _nested_class(line: str) -> str:
+    return "hunk" if line.startswith("@@") else {"+": "add", "-": "del"}.get(line[:1], "ctx")
 
 
 def _line_class(line: str) -> str:

@@ -275,3 +275,11 @@ def _assert_shows_what_was_stored(step: StepRecord, view: dict) -> None:
             assert view["score"]["explanation"] == step.text
     if step.payload.get("tool_call_id") and step.kind in ("command", "observation", "file_change"):
         assert view["result_of"] == str(step.payload["tool_call_id"])
+
+
+def test_a_diff_of_two_patches_colours_the_patches_lines_as_changes():
+    from experience.steps_view import diff_lines
+
+    nested = "--- run A's patch\n+++ run B's patch\n@@ -1,2 +1,2 @@\n---- a/x.py\n+--- b/x.py\n ctx"
+    assert [cls for cls, _ in diff_lines(nested, nested=True)] == ["file", "file", "hunk", "del", "add", "ctx"]
+    assert [cls for cls, _ in diff_lines("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b")] == ["file", "file", "hunk", "del", "add"]

@@ -29,7 +29,8 @@ def trajectory_compare(request: HttpRequest) -> HttpResponse:
     result = run_compare(a=a, b=b)
     return render(request, "dashboard/trajectory_compare.html", {
         **result, "rows": _fold(result["pairs"]), "given": request.GET,
-        "patch_lines": diff_lines(result["patch_diff"]),
+        "patch_lines": diff_lines(result["patch_diff"], nested=True),
+        "patch_a": diff_lines(a.final_diff), "patch_b": diff_lines(b.final_diff),
     })
 
 
