@@ -143,24 +143,25 @@ def test_a_preset_solves_a_demo_task_through_the_proxy_in_its_own_protocol(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_claude_code_that_exits_0_while_its_tools_fail_on_a_read_only_home_is_an_infra_error(
-    bundle_backend, unix_proxy, demo_model, demo_task_set, harness_fleet, monkeypatch
+def test_a_preset_that_fails_before_reaching_the_model_is_an_infra_error_never_training_data(
+    bundle_backend, unix_proxy, demo_model, demo_task_set, harness_fleet, monkeypatch, settings
 ):
-    """The trap HARNESSES.md measured: with a read-only HOME and temp dir Claude Code exits 0 and says "done"
-    while its Bash tool failed with EROFS. Trove must not take that run as the agent's."""
-    preset, version = require_bundle("claude-code")
-    read_only = "/opt/trove/bundles"
-    broken = dataclasses.replace(preset, env={**preset.env, "CLAUDE_CODE_TMPDIR": read_only, "TMPDIR": read_only})
-    monkeypatch.setitem(presets.CATALOGUE, "claude-code", broken)
-    job = preset_job(demo_task_set, harness_fleet, demo_model, "claude-code")
+    """A harness that cannot start its run (here: opencode given a subcommand it does not have) exits with an
+    error without one model call: the run says nothing about the agent, so it is infra, not a failed sample."""
+    settings.TROVE_ROLLOUT_MAX_ATTEMPTS = 1
+    preset, _ = require_bundle("opencode")
+    broken = dataclasses.replace(preset, argv=("no-such-subcommand", *preset.argv[1:]))
+    monkeypatch.setitem(presets.CATALOGUE, "opencode", broken)
+    job = preset_job(demo_task_set, harness_fleet, demo_model, "opencode", wall_time_s=120)
     rollout = job.rollouts.get()
 
     status = rollout_run(rollout_id=rollout.pk, worker="test-worker")
 
     rollout.refresh_from_db()
     assert status == Rollout.Status.INFRA_ERROR, rollout.error
-    assert "harness_failed" in rollout.error
-    assert rollout.trajectory.status == Trajectory.Status.INFRA_ERROR  # never training data
+    assert "harness_failed" in rollout.error and "without one model call" in rollout.error
+    assert rollout.trajectory.status == Trajectory.Status.INFRA_ERROR and rollout.reward is None
+    assert demo_model.served == 0
 
 
 @pytest.mark.django_db(transaction=True)

@@ -75,8 +75,15 @@ def launch(preset: Preset, version: str, setup: HarnessSetup, *, mount: str = BU
     program = [*([preset.interpreter] if preset.interpreter else []), f"{names['bundle']}/{preset.executable}"]
     argv = [*program, *(PROMPT if arg == PROMPT else fill(arg, names) for arg in preset.argv)]
     lines.append(f"exec {_command(argv)} < /dev/null")
-    display = " ".join("<instruction>" if arg == PROMPT else shlex.quote(arg) for arg in argv)
+    shown = {**names, "proxy": _without_token(names["proxy"]), "base_url": _without_token(names["base_url"])}
+    display = " ".join("<instruction>" if arg == PROMPT else shlex.quote(arg)
+                       for arg in [*program, *(PROMPT if arg == PROMPT else fill(arg, shown) for arg in preset.argv)])
     return Launch(preset=preset, version=version, script="\n".join(lines), env=env, display=display)
+
+
+def _without_token(url: str) -> str:
+    """The rollout's token is a credential while it runs: a recorded command shows `/r/<token>`."""
+    return re.sub(r"/r/[^/]+", "/r/<token>", url, count=1)
 
 
 def _under_home(path: str) -> str:
