@@ -58,12 +58,13 @@ def test_it_trains_on_real_runs_and_predicts_a_value_at_every_decision():
 
 
 def test_it_ranks_runs_of_tasks_it_never_trained_on():
+    # The runs of test_value_leakage.py: in one session their texts are embedded once.
     model = learned_value.train(
-        list(value_rows(demo_like_runs(11, 10, 4), SPEC)),
-        val_rows=list(value_rows(demo_like_runs(12, 4, 4, prefix="val"), SPEC)),
+        list(value_rows(demo_like_runs(1, 10, 4), SPEC)),
+        val_rows=list(value_rows(demo_like_runs(3, 4, 4, prefix="val"), SPEC)),
         spec=SPEC,
     )
-    heldout = demo_like_runs(13, 8, 4, prefix="heldout")
+    heldout = demo_like_runs(2, 6, 4, prefix="heldout")
     by_task: dict[str, list] = {}
     for run in heldout:
         by_task.setdefault(run.task_key, []).append(run.record)
@@ -71,7 +72,7 @@ def test_it_ranks_runs_of_tasks_it_never_trained_on():
     four = baseline.best_of_n(model, by_task, 4, trials=100, seed=0)
 
     assert baseline.auc(model, value_rows(heldout, SPEC)) > 0.55
-    assert four["tasks"] == 8 and four["random"] < four["reranked"] <= four["oracle"]
+    assert four["tasks"] == 6 and four["random"] < four["reranked"] <= four["oracle"]
     assert 0 < model.epochs_trained <= learned_value.EPOCHS
 
 
