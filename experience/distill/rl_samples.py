@@ -22,22 +22,26 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from experience.records import MessageRecord, StepRecord
 
 REMINDER_MARK = "<system-reminder>"
-FORK_CAUSES = ("compaction", "system_reminder", "rerendered_turn", "edited_history", "truncated_prompt")
+FORK_CAUSES = ("compaction", "system_reminder", "rerendered_turn", "edited_history", "truncated_prompt", "unknown")
 
 
 @dataclass(frozen=True)
 class ModelCall:
-    """What assembly needs of one recorded model call. Ids are None when the server returned none."""
+    """What assembly needs of one recorded model call. Ids are None when the server returned none.
+    `messages` (the request) and `response` are None when not read: exact chaining needs them only to
+    tell a fork's cause (`call_of_payload`)."""
 
     seq: int
-    messages: tuple[MessageRecord, ...]
-    response: MessageRecord
-    prompt_ids: tuple[int, ...] | None = None
-    completion_ids: tuple[int, ...] | None = None
-    logprobs: tuple[float | None, ...] | None = None
+    messages: tuple[MessageRecord, ...] | None
+    response: MessageRecord | None
+    prompt_ids: list[int] | None = None
+    completion_ids: list[int] | None = None
+    logprobs: list[float | None] | None = None
     policy_version: str | None = None
 
     @property
@@ -96,7 +100,8 @@ class Sample:
     def _took(self, call: ModelCall) -> None:
         self.calls.append(call.seq)
         self.policy_versions.append(call.policy_version)
-        self.history = [*call.messages, call.response]
+        if call.messages is not None and call.response is not None:
+            self.history = [*call.messages, call.response]
 
 
 # --- reading recorded steps ----------------------------------------------------------------------------
@@ -110,12 +115,20 @@ def model_calls(steps: Iterable[StepRecord], *, seqs: Iterable[int] | None = Non
 
 
 def call_of(step: StepRecord, *, seq: int) -> ModelCall:
-    payload = step.payload or {}
+    response = MessageRecord(role="assistant", content=step.response_text or "", tool_calls=step.tool_calls)
+    return call_of_payload(step.payload or {}, seq=seq, messages=tuple(step.request_messages or ()), response=response)
+
+
+def call_of_payload(
+    payload: dict[str, Any], *, seq: int, messages: tuple[MessageRecord, ...] | None = None,
+    response: MessageRecord | None = None,
+) -> ModelCall:
+    """A call from its step's payload (where the proxy keeps token ids, logprobs and the policy version)."""
     completion = _ids(payload.get("token_ids"))
     return ModelCall(
         seq=seq,
-        messages=tuple(step.request_messages or ()),
-        response=MessageRecord(role="assistant", content=step.response_text or "", tool_calls=step.tool_calls),
+        messages=messages,
+        response=response,
         prompt_ids=_ids(payload.get("prompt_token_ids")),
         completion_ids=completion,
         logprobs=_logprobs(payload.get("logprobs"), len(completion) if completion is not None else None),
@@ -123,19 +136,22 @@ def call_of(step: StepRecord, *, seq: int) -> ModelCall:
     )
 
 
-def _ids(value: Any) -> tuple[int, ...] | None:
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+def _ids(value: Any) -> list[int] | None:
+    """Token ids as a list of ints, or None for anything else (checked by numpy: an id list is long)."""
+    if not isinstance(value, list):
         return None
-    return tuple(value)
+    if value and np.asarray(value).dtype.kind not in "iu":  # bools, floats, strings, nested lists
+        return None
+    return value
 
 
-def _logprobs(entries: Any, count: int | None) -> tuple[float | None, ...] | None:
+def _logprobs(entries: Any, count: int | None) -> list[float | None] | None:
     """The completion's logprobs, one per token id; None when absent or not one per token (a server that
     split tokens differently from its ids must not shift every logprob by one)."""
     if not isinstance(entries, list) or count is None or len(entries) != count:
         return None
     values = [entry.get("logprob") if isinstance(entry, dict) else entry for entry in entries]
-    return tuple(float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None for v in values)
+    return [float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None for v in values]
 
 
 def _text_or_none(value: Any) -> str | None:
@@ -154,7 +170,7 @@ def exact_samples(calls: Sequence[ModelCall]) -> list[Sample]:
         assert call.prompt_ids is not None and call.completion_ids is not None  # noqa: S101 - caller checks
         current = samples[-1] if samples else None
         if current is not None and _extends(call.prompt_ids, current.token_ids):
-            current._append(call.prompt_ids[len(current.token_ids):], 0)
+            current._append(call.prompt_ids[len(current.token_ids) :], 0)
         else:
             fork = None if current is None else _exact_fork(call, current)
             current = Sample(index=len(samples), exact=True, fork=fork)
@@ -165,14 +181,16 @@ def exact_samples(calls: Sequence[ModelCall]) -> list[Sample]:
     return samples
 
 
-def _extends(prompt: Sequence[int], sample: list[int]) -> bool:
-    # Tuple/list slices compare in C; equal lengths first, the common case of a fork is cheap.
-    return len(prompt) >= len(sample) and list(prompt[: len(sample)]) == sample
+def _extends(prompt: list[int], sample: list[int]) -> bool:
+    # A list slice compared in C: one pass over the prompt's shared part.
+    return len(prompt) >= len(sample) and prompt[: len(sample)] == sample
 
 
 def _exact_fork(call: ModelCall, previous: Sample) -> Fork:
     assert call.prompt_ids is not None  # noqa: S101
     token = first_difference(call.prompt_ids, previous.token_ids)
+    if call.messages is None:
+        return Fork(seq=call.seq, cause="unknown", message_index=None, token_index=token, detail="messages not read")
     cause, message, detail = fork_cause(previous.history, list(call.messages))
     if cause is None:
         # Every message the sample carried is still there, unchanged: the server rendered them to other
@@ -192,10 +210,9 @@ def _message_holding(previous: Sample) -> int | None:
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
     """The first index where the sequences differ (the shorter one's length when one begins the other)."""
-    for index, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return index
-    return min(len(a), len(b))
+    shared = min(len(a), len(b))
+    differs = np.flatnonzero(np.asarray(a[:shared]) != np.asarray(b[:shared]))
+    return int(differs[0]) if differs.size else shared
 
 
 # --- fork causes -----------------------------------------------------------------------------------------
@@ -229,6 +246,10 @@ def fork_cause(history: Sequence[MessageRecord], request: Sequence[MessageRecord
 
 
 def _first_message_difference(history: Sequence[MessageRecord], request: Sequence[MessageRecord]) -> int | None:
+    # One list comparison in C first (messages shared between calls compare by identity); the walk that
+    # names the first different message runs only when it fails.
+    if len(request) >= len(history) and list(request[: len(history)]) == list(history):
+        return None
     for index, old in enumerate(history):
         if index >= len(request) or not _same(old, request[index]):
             return index
@@ -236,6 +257,8 @@ def _first_message_difference(history: Sequence[MessageRecord], request: Sequenc
 
 
 def _same(a: MessageRecord, b: MessageRecord) -> bool:
+    if a == b:  # the common case, compared field by field in C; tool calls are parsed only when it fails
+        return True
     return (a.role, a.content, a.tool_call_id) == (b.role, b.content, b.tool_call_id) and _calls(a) == _calls(b)
 
 
@@ -288,6 +311,7 @@ def retokenised_samples(calls: Sequence[ModelCall], encode: Encode) -> list[Samp
     forks, with its cause. Completion logprobs are not carried over (the server's tokens are not these)."""
     samples: list[Sample] = []
     for call in calls:
+        assert call.messages is not None and call.response is not None  # noqa: S101 - read with the steps
         current = samples[-1] if samples else None
         request = list(call.messages)
         cause, message, detail = (None, None, "") if current is None else fork_cause(current.history, request)

@@ -1,8 +1,10 @@
 """RL samples of stored runs: their model-call steps read back and chained (`experience.distill.rl_samples`).
 
-A fixed number of queries for any number of runs: the runs, their model-call steps, the blobs and the
-contexts those refer to. Runs whose calls carry no token ids are re-tokenised with the tokenizer the
-operator named for their model endpoint (`TROVE_RL_TOKENIZERS`), or give no samples, with a note.
+A fixed number of queries for any number of runs. The lean read comes first: only each model call's
+payload (token ids, logprobs, policy version), which is all exact chaining needs. Runs that fork, or whose
+calls carry no token ids, are read again with their request messages (blobs and contexts), to tell each
+fork's cause or to re-tokenise them with the tokenizer the operator named for their model endpoint
+(`TROVE_RL_TOKENIZERS`); without one they give no samples, with a note.
 """
 
 from __future__ import annotations
@@ -11,27 +13,67 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from experience.distill.rl_samples import Assembly, Fork, Sample, assemble, configured_encoder, model_calls
+import orjson
+from django.db import connection
+
+from experience.distill.rl_samples import (
+    Assembly,
+    Fork,
+    ModelCall,
+    Sample,
+    assemble,
+    call_of_payload,
+    configured_encoder,
+    model_calls,
+)
 from experience.models import Step, Trajectory
 from experience.services.stored import stored_step_records
+
+_PAYLOADS_SQL = (
+    "SELECT trajectory_id, seq, payload::text FROM experience_step"
+    " WHERE kind = 'model_call' AND NOT is_error AND trajectory_id = ANY(%s) ORDER BY trajectory_id, seq"
+)
 
 
 def run_samples(*, trajectory_ids: Iterable[int]) -> dict[int, Assembly]:
     """Each run's assembly, by trajectory id (a run without model calls: an assembly with no samples)."""
     ids = list(trajectory_ids)
-    endpoints = dict(Trajectory.objects.filter(pk__in=ids).values_list("pk", "metadata__model_endpoint"))
-    steps = list(Step.objects.filter(trajectory_id__in=ids, kind=Step.Kind.MODEL_CALL).order_by("trajectory_id", "seq"))
-    by_run: dict[int, list[Step]] = defaultdict(list)
-    for step in steps:
-        by_run[step.trajectory_id].append(step)
-    records = dict(zip((step.pk for step in steps), stored_step_records(steps), strict=True))
-    assemblies = {}
-    for run_id in ids:
-        run_steps = by_run.get(run_id, [])
-        calls = model_calls([records[step.pk] for step in run_steps], seqs=[step.seq for step in run_steps])
+    assemblies: dict[int, Assembly] = {}
+    for run_id, calls in _lean_calls(ids).items():
+        if calls and all(call.has_ids for call in calls):
+            assembly = assemble(calls)
+            if not assembly.forks:
+                assemblies[run_id] = assembly
+    again = [run_id for run_id in ids if run_id not in assemblies]
+    endpoints = dict(Trajectory.objects.filter(pk__in=again).values_list("pk", "metadata__model_endpoint"))
+    for run_id, calls in _full_calls(again).items():
         encode = configured_encoder(endpoints[run_id]) if endpoints.get(run_id) else None
         assemblies[run_id] = assemble(calls, encode=encode)
     return assemblies
+
+
+def _lean_calls(ids: list[int]) -> dict[int, list[ModelCall]]:
+    """The runs' model calls from their payloads alone (no messages; error calls left out, as
+    `model_calls` does)."""
+    calls: dict[int, list[ModelCall]] = {run_id: [] for run_id in ids}
+    with connection.cursor() as cursor:
+        cursor.execute(_PAYLOADS_SQL, [ids])
+        for run_id, seq, text in cursor.fetchall():
+            calls[run_id].append(call_of_payload(orjson.loads(text) if text else {}, seq=seq))
+    return calls
+
+
+def _full_calls(ids: list[int]) -> dict[int, list[ModelCall]]:
+    """The runs' model calls with their request messages and responses."""
+    steps = list(Step.objects.filter(trajectory_id__in=ids, kind=Step.Kind.MODEL_CALL).order_by("trajectory_id", "seq"))
+    records = stored_step_records(steps)
+    by_run: dict[int, list[tuple[int, Any]]] = defaultdict(list)
+    for step, record in zip(steps, records, strict=True):
+        by_run[step.trajectory_id].append((step.seq, record))
+    return {
+        run_id: model_calls([record for _, record in by_run[run_id]], seqs=[seq for seq, _ in by_run[run_id]])
+        for run_id in ids
+    }
 
 
 def sample_data(sample: Sample) -> dict[str, Any]:

@@ -1,0 +1,201 @@
+"""RL sample assembly from the store against the COPY floor of the same rows, and its cost per length.
+
+    DATABASE_URL=postgres://... .venv/bin/python benchmarks/rl_samples.py [--rollouts 200] [--turns 12]
+
+Workload: `--rollouts` runs of `--turns` model calls each, recorded through a stand-in server that returns
+prompt and completion token ids and logprobs (a real byte-level BPE `tokenizers` tokenizer over a ChatML
+template: tests/experience/distill/rl_traffic.py), each call made into its step by the recording proxy's
+own `CallRecord.to_step_record`, stored with the rollout runner's ingest on a scratch database (created
+for the run, dropped after). Not a job against the demo model: its prompt token ids tokenise the JSON of
+the messages, which no later prompt extends, so every call would fork.
+
+Figures (the last line is one JSON object):
+- rollouts, samples, samples_per_rollout, exact_fraction: what `run_samples` assembled from the store
+  (20 runs a call, as a page of GET /jobs/{id}/samples/ does);
+- assembly_tokens_per_s: the tokens the calls recorded (prompt + completion ids) per second of assembly,
+  reading included; copy_tokens_per_s: the same tokens over the time Postgres takes to COPY the same
+  model-call step rows and the blobs they refer to out (the floor: no parsing, no chaining);
+  assembly_vs_copy their ratio (target >= 0.25);
+- length_ratio_10x: the time to assemble, from the store, rollouts that recorded 10x the tokens (longer
+  tool outputs; long_vs_short_tokens says how many times exactly) over the time for the shorter ones
+  (target <= 12); retokenised_turns_ratio_10x: message-level chaining of a rollout with 10x the turns over
+  the shorter one (each message is tokenised once, so linear in the final length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
+
+PAGE = 20
+
+
+def recorded_run(server, turns: int, *, output_chars: int, with_ids: bool = True):
+    from tests.experience.distill.rl_traffic import agent_run
+
+    def long_outputs(turn, messages):
+        return [{**m, "content": m["content"] + " ok" * (output_chars // 3)}
+                if m["role"] == "tool" and m.get("tool_call_id") == f"call_{turn - 1}" else m for m in messages]
+
+    return agent_run(server, turns, with_ids=with_ids, edit=long_outputs)
+
+
+def store_runs(server, rollouts: int, turns: int, *, output_chars: int = 300, prefix: str = "bench") -> list[int]:
+    from experience.records import TrajectoryRecord
+    from experience.services.ingest import trajectory_ingest
+
+    ids = []
+    for index in range(rollouts):
+        record = TrajectoryRecord(
+            source="rollout", source_format="trove-rollout", source_ref=f"{prefix}:{index}",
+            task_key=f"task-{index % 25}", status="completed", reward=float(index % 2),
+            started_at=datetime.now(UTC), steps=recorded_run(server, turns, output_chars=output_chars),
+            metadata={"job_id": 1, "sample_index": index // 25},
+        )
+        ids.append(trajectory_ingest(record=record, rollout_runner=True)[0].pk)
+    return ids
+
+
+def timed_assembly(ids: list[int]) -> tuple[float, dict]:
+    from experience.services.rl_samples import run_samples
+
+    started, assemblies = time.perf_counter(), {}
+    for start in range(0, len(ids), PAGE):
+        assemblies.update(run_samples(trajectory_ids=ids[start:start + PAGE]))
+    return time.perf_counter() - started, assemblies
+
+
+def timed_copy(ids: list[int]) -> tuple[float, int]:
+    """COPY out the model-call step rows of the runs and the blobs they refer to: the bytes assembly reads."""
+    from django.db import connection
+
+    from experience.models import Step
+    from experience.steps import referenced_hashes
+
+    where = f"kind = 'model_call' AND trajectory_id IN ({','.join(map(str, ids))})"
+    refs = Step.objects.filter(trajectory_id__in=ids, kind="model_call").values_list("blob_refs", flat=True)
+    hashes = sorted({h for blob_refs in refs for h in referenced_hashes(blob_refs)})
+    queries = [f"SELECT * FROM experience_step WHERE {where}",
+               "SELECT * FROM experience_blob WHERE sha256 IN (" + ",".join(f"'{h}'" for h in hashes) + ")"]
+    started, size = time.perf_counter(), 0
+    with connection.cursor() as cursor:
+        for query in queries:
+            with cursor.cursor.copy(f"COPY ({query}) TO STDOUT") as copy:
+                for data in copy:
+                    size += len(data)
+    return time.perf_counter() - started, size
+
+
+def recorded_tokens(ids: list[int]) -> int:
+    from experience.models import Step
+
+    total = 0
+    for payload in Step.objects.filter(trajectory_id__in=ids, kind="model_call").values_list("payload", flat=True):
+        total += len(payload.get("prompt_token_ids") or []) + len(payload.get("token_ids") or [])
+    return total
+
+
+def best_time(function, repeat: int = 5) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def length_ratios(server, tokenizer_path: Path, turns: int) -> dict:
+    """Assembly from the store of PAGE rollouts against PAGE rollouts with 10x the recorded tokens (tool
+    outputs that long); in memory, message-level chaining of a rollout against one with 10x the turns."""
+    from experience.distill.rl_samples import assemble, model_calls, tokenizer_encoder
+
+    short = model_calls(recorded_run(server, turns, output_chars=300))
+    chars = _ten_times_longer(server, turns, short)
+    short_ids = store_runs(server, PAGE, turns, output_chars=300, prefix="short")
+    long_ids = store_runs(server, PAGE, turns, output_chars=chars, prefix="long")
+    encode = tokenizer_encoder(str(tokenizer_path))
+    few = model_calls(recorded_run(server, turns, output_chars=300, with_ids=False))
+    many = model_calls(recorded_run(server, turns * 10, output_chars=300, with_ids=False))
+    return {
+        "length_ratio_10x": round(best_time(lambda: timed_assembly(long_ids), repeat=3)
+                                  / best_time(lambda: timed_assembly(short_ids), repeat=3), 2),
+        "long_vs_short_tokens": round(recorded_tokens(long_ids) / recorded_tokens(short_ids), 2),
+        "retokenised_turns_ratio_10x": round(
+            best_time(lambda: assemble(many, encode=encode)) / best_time(lambda: assemble(few, encode=encode)), 2),
+    }
+
+
+def _ten_times_longer(server, turns: int, short) -> int:
+    """The tool-output length at which the rollout's calls record 10x the tokens of `short`'s."""
+    from experience.distill.rl_samples import model_calls
+
+    chars = 3000
+    while _tokens(model_calls(recorded_run(server, turns, output_chars=chars))) < 10 * _tokens(short):
+        chars += 500
+    return chars
+
+
+def _tokens(calls) -> int:
+    return sum(len(call.prompt_ids) + len(call.completion_ids) for call in calls)
+
+
+def measure(args: argparse.Namespace, folder: Path) -> dict:
+    from tests.experience.distill.rl_traffic import TokenServer, train_tokenizer
+
+    tokenizer_path = train_tokenizer(folder / "tokenizer.json")
+    server = TokenServer(tokenizer_path)
+    ids = store_runs(server, args.rollouts, args.turns)
+    tokens = recorded_tokens(ids)
+    timed_copy(ids)  # warm the cache for both
+    copy_s, copy_bytes = timed_copy(ids)
+    assembly_s, assemblies = timed_assembly(ids)
+    samples = [sample for assembly in assemblies.values() for sample in assembly.samples]
+    figures = {
+        "rollouts": len(ids),
+        "samples": len(samples),
+        "samples_per_rollout": round(len(samples) / len(ids), 3),
+        "exact_fraction": round(sum(sample.exact for sample in samples) / max(1, len(samples)), 3),
+        "recorded_tokens": tokens,
+        "copy_bytes": copy_bytes,
+        "assembly_tokens_per_s": round(tokens / assembly_s),
+        "copy_tokens_per_s": round(tokens / copy_s),
+        "assembly_vs_copy": round(copy_s / assembly_s, 3),
+    }
+    figures.update(length_ratios(server, tokenizer_path, args.turns))
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rollouts", type=int, default=200)
+    parser.add_argument("--turns", type=int, default=12)
+    args = parser.parse_args()
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        sys.exit("benchmarks/rl_samples.py measures Postgres: set DATABASE_URL=postgres://...")
+    name = os.environ.get("TROVE_BENCH_DATABASE_NAME", "trove_bench_rl_samples")
+    connection.settings_dict["TEST"]["NAME"] = name
+    connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+    try:
+        with TemporaryDirectory(prefix="trove-bench-rl-") as folder:
+            figures = measure(args, Path(folder))
+    finally:
+        connection.creation.destroy_test_db(name, verbosity=0)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
