@@ -214,8 +214,9 @@ def edit_command(edits: list[Edit]) -> str:
 
 
 def tests_passed(observation: str) -> bool:
-    # "exit code: 1" (Trove's harness, Claude Code), "Process exited with code 1" (Codex)
-    code = re.search(r"exit(?:[ _]code|ed with code):?\s*(-?\d+)", observation, re.IGNORECASE)
+    # "exit code: 1" (Trove's harness), "Process exited with code 1" (Codex), '"returncode": 1' (mini-swe-agent)
+    code = re.search(r"(?:exit(?:[ _]code|ed with code):?\s*|\"?returncode\"?\s*[:>]\s*)(-?\d+)", observation,
+                     re.IGNORECASE)
     if code:
         return int(code.group(1)) == 0
     return bool(re.search(r"^OK\b", observation, re.MULTILINE)) and "FAILED" not in observation

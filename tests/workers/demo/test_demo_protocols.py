@@ -378,3 +378,16 @@ def test_without_a_working_directory_file_edits_go_through_the_shell(demo_model_
         names.add(call[1])
         client.result(call[0], *_run(call[2]["command"], _workspace(tmp_path, "slugify")))
     assert names == {"Bash"}
+
+
+@pytest.mark.parametrize(("observation", "passed"), [
+    ("exit code: 0\nOK", True), ("exit code: 1\nFAILED (failures=1)", False),  # Trove's built-in harness
+    ("Process exited with code 0\nOutput:\nOK", True), ("Process exited with code 1\nOutput:\n", False),  # Codex
+    ('{\n  "returncode": 0,\n  "output": "Ran 5 tests\\n\\nOK"\n}', True),  # mini-swe-agent
+    ('{\n  "returncode": 1,\n  "output": "FAILED"\n}', False),
+    ("Ran 5 tests in 0.001s\n\nOK", True), ("Ran 5 tests\n\nFAILED (errors=1)", False),  # Claude Code, opencode
+])
+def test_each_harness_s_tool_output_tells_whether_the_tests_passed(observation, passed):
+    from workers.demo.policy import tests_passed
+
+    assert tests_passed(observation) is passed
