@@ -275,3 +275,23 @@ def test_gemini_count_tokens_is_estimated_not_recorded_and_unknown_methods_are_4
     unknown = post(f"{base}:embedContent", {"content": {}}, call_id=call_id)
     assert unknown.status == 404 and "embedContent" in unknown.json()["error"]["message"]
     assert protocol_proxy.record(call_id).error_kind == "invalid_request"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_token_ids_and_logprobs_the_upstream_returns_are_recorded(protocol_proxy: ProtocolProxy, stream: bool):
+    body = {**chat_body(), "logprobs": True, "return_token_ids": True, "stream": stream}
+    reply, record = _call(protocol_proxy, "chat", "chat", body, stream=stream)
+    assert reply.status == 200
+    step = record.to_step_record()
+    logprobs = step.payload["logprobs"]
+    assert "".join(t["token"] for t in logprobs) == step.response_text and all(t["logprob"] < 0 for t in logprobs)
+    assert len(step.payload["token_ids"]) == len(logprobs)
+    if not stream:
+        assert step.payload["prompt_token_ids"]
+
+    codex = {**codex_body(), "include": ["message.output_text.logprobs"], "stream": stream}
+    _, passed = _call(protocol_proxy, "responses", "responses", codex, stream=stream)
+    _, translated = _call(protocol_proxy, "responses", "chat", codex, stream=stream)
+    for record in (passed, translated):
+        tokens = record.to_step_record().payload["logprobs"]
+        assert "".join(t["token"] for t in tokens) == record.response["choices"][0]["message"]["content"]

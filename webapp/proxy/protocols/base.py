@@ -195,6 +195,7 @@ class ChatStreamState:
     usage: dict[str, Any] | None = None
     started: bool = False
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # the content tokens' logprobs, in order
 
     def take(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         """Note the chunk's header, finish reason and usage; return its first choice's delta events."""
@@ -207,6 +208,7 @@ class ChatStreamState:
             if isinstance(choice, dict) and choice.get("index", 0) == 0:
                 if choice.get("finish_reason"):
                     self.finish = choice["finish_reason"]
+                self.logprobs += (choice.get("logprobs") or {}).get("content") or []
                 if isinstance(choice.get("delta"), dict):
                     deltas.append(choice["delta"])
         return deltas

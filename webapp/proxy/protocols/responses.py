@@ -426,6 +426,8 @@ class Writer:
                 item["summary"] = [part]
             elif item["type"] == "message":
                 part = {"type": "output_text", "text": text, "annotations": []}
+                if self._state.logprobs:
+                    part["logprobs"] = self._state.logprobs
                 out += self._event("response.output_text.done", item_id=item["id"], output_index=index,
                                    content_index=0, text=text)
                 out += self._event("response.content_part.done", item_id=item["id"], output_index=index,
