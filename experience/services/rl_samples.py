@@ -106,3 +106,25 @@ def assembly_summary(assembly: Assembly) -> dict[str, Any]:
         "generated_tokens": sum(sample.generated_tokens for sample in assembly.samples),
         "forks": [fork.to_dict() for fork in assembly.forks],
     }
+
+
+def samples_overview(assemblies: Iterable[Assembly]) -> dict[str, Any]:
+    """Across runs: how many are one sample, how many were assembled exactly, how many gave none, and the
+    forks' causes by count (most frequent first)."""
+    runs = list(assemblies)
+    causes: dict[str, int] = defaultdict(int)
+    for assembly in runs:
+        for fork in assembly.forks:
+            causes[fork.cause] += 1
+    with_samples = [assembly for assembly in runs if assembly.samples]
+    one = sum(1 for assembly in with_samples if len(assembly.samples) == 1)
+    return {
+        "runs": len(runs),
+        "one_sample": one,
+        "with_samples": len(with_samples),
+        "one_sample_share": one / len(with_samples) if with_samples else None,
+        "exact_runs": sum(1 for assembly in with_samples if assembly.exact),
+        "without_samples": len(runs) - len(with_samples),
+        "samples": sum(len(assembly.samples) for assembly in runs),
+        "fork_causes": sorted(causes.items(), key=lambda item: (-item[1], item[0])),
+    }

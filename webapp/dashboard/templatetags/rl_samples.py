@@ -1,0 +1,34 @@
+"""RL samples on the run and job pages: `{% run_samples_panel trajectory %}`, `{% job_samples_line job %}`.
+
+Tags rather than view context so each page includes them with one line. The job line assembles at most
+JOB_RUNS of the job's latest finished training rollouts (reading their model calls' payloads), and says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+
+from experience.services.rl_samples import assembly_summary, run_samples, samples_overview
+from webapp.rollouts.models import Rollout
+
+register = template.Library()
+JOB_RUNS = 200
+TRAINING = (Rollout.Status.SUCCEEDED, Rollout.Status.FAILED)
+
+
+@register.inclusion_tag("dashboard/rl_samples_run.html")
+def run_samples_panel(trajectory: Any) -> dict[str, Any]:
+    assembly = run_samples(trajectory_ids=[trajectory.pk])[trajectory.pk]
+    return {"summary": assembly_summary(assembly), "samples": assembly.samples}
+
+
+@register.inclusion_tag("dashboard/rl_samples_job.html")
+def job_samples_line(job: Any) -> dict[str, Any]:
+    ids = list(
+        Rollout.objects.filter(job_id=job.pk, status__in=TRAINING, trajectory__isnull=False)
+        .order_by("-finish_seq").values_list("trajectory_id", flat=True)[:JOB_RUNS]
+    )
+    overview = samples_overview(run_samples(trajectory_ids=ids).values()) if ids else None
+    return {"overview": overview, "capped": len(ids) == JOB_RUNS}
