@@ -147,6 +147,7 @@ def test_a_run_without_timestamps_gets_a_slot_per_step(logged_in_page, live_serv
     page = logged_in_page
     _open(page, live_server, run.pk)
     assert "no timestamps: one slot per step" in page.locator("#timeline-note").inner_text()
+    page.locator("#timeline-canvas").scroll_into_view_if_needed()
     canvas = page.locator("#timeline-canvas").bounding_box()
     assert canvas["width"] > 300 and canvas["height"] > 60
     n = run.n_steps
@@ -258,6 +259,28 @@ def test_the_compare_page_explains_missing_ids(logged_in_page, live_server):
     response = page.goto(f"{live_server.url}/trajectories/compare/?a=1&b=x")
     assert response.status == 400
     assert "b: give a run's id" in page.locator(".compare-form").inner_text()
+
+
+def test_step_content_is_shown_as_text_never_run_as_markup(logged_in_page, live_server):
+    """An agent's output is attacker-controlled: markup in a command, its output, a tool call and a context
+    message must appear as text, and no script in it may run."""
+    attack = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+    call = {"id": "x1", "type": "function", "function": {"name": attack, "arguments": json.dumps({"q": attack})}}
+    steps = [StepRecord(kind="model_call", request_messages=[MessageRecord(role="user", content=attack)],
+                        response_text=attack, tool_calls=[call], call_id="x-m1"),
+             StepRecord(kind="command", command=attack, output=attack, exit_code=1, payload={"tool_call_id": "x1"}),
+             StepRecord(kind="file_change", text=f"--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+{attack}", payload={"path": attack})]
+    run, _ = trajectory_ingest(record=TrajectoryRecord(source="api", source_format="trove", source_ref="xss", task_key=attack,
+                                                       steps=steps, final_diff=f"--- a/x\n+++ b/x\n@@ -1 +1 @@\n+{attack}"))
+    page = logged_in_page
+    _open(page, live_server, run.pk)
+    page.locator("#step-0 details.context summary").click()
+    page.wait_for_selector("#step-0 .lens .msg.new")
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("#steps img, #final-diff img, #steps script").count() == 0
+    assert attack in page.locator("#step-1 pre.cmd").inner_text()
+    assert page.locator("#step-0 .tool-name").inner_text() == attack
+    assert attack in page.locator("#step-0 .lens .msg.new pre").inner_text()
 
 
 def test_pages_require_login(page, live_server):
