@@ -122,9 +122,13 @@ BENCHES = [
         Figure("API calls per sandbox vs floor", "api_calls_per_sandbox", baseline="api_calls_floor"),
         Figure("speed-up over one at a time", "speedup_vs_sequential"),
     ], needs=(), timeout_quick=600),
-    Bench("dedup", "dedup.py", ["--n", "5000", "--minilm-n", "400", "--million-n", "100000"], [], [
-        Figure("lexical pair precision", "quality.lexical.pair_precision"),
-        Figure("lexical pair recall", "quality.lexical.pair_recall"),
+    Bench("dedup", "dedup.py", ["--n", "5000", "--minilm-n", "100", "--million-n", "100000"], [], [
+        Figure("lexical pair precision, real labelled pairs", "real_precision_lexical"),
+        Figure("lexical pair recall, real labelled pairs", "real_recall_lexical"),
+        Figure("MiniLM pair precision, real labelled pairs", "real_precision_minilm"),
+        Figure("MiniLM pair recall, real labelled pairs", "real_recall_minilm"),
+        Figure("lexical pair precision, synthetic", "synthetic_quality.lexical.pair_precision"),
+        Figure("lexical pair recall, synthetic", "synthetic_quality.lexical.pair_recall"),
         Figure("index query p50 (ms), million phase", "million.query_p50_ms", "<", 5.0),
         Figure("index recall@10, million phase", "million.recall_at_10", ">=", 0.99),
     ], needs=(), timeout_quick=900),
