@@ -35,6 +35,7 @@ from experience.errors import ValidationError
 from experience.models import Step, Trajectory
 from experience.search_hits import sqlite_step_condition
 from experience.services.search_index import SEPARATORS, STEP_SEARCH_DOCUMENT
+from experience.services.step_labels import runs_with_step_label
 
 OUTCOMES = ("success", "failure", "unknown")
 DUPLICATE_CHOICES = ("any", "exclude", "only")
@@ -63,6 +64,7 @@ class TrajectoryFilters:
     tags: tuple[str, ...] = ()  # all of
     q: str = ""  # full text over step content
     similar: int | None = None  # runs similar to this trajectory id (see similar_ids)
+    step_label: str = ""  # runs with a curator's label of this name on a step (services.step_labels)
 
     def is_empty(self) -> bool:
         return self == TrajectoryFilters()
@@ -92,6 +94,8 @@ def trajectory_search(*, filters: TrajectoryFilters, queryset: QuerySet[Trajecto
         queryset = queryset.filter(id__in=_step_matches(filters.q.strip()))
     if filters.similar is not None:
         queryset = queryset.filter(id__in=similar_ids(trajectory_id=filters.similar))
+    if filters.step_label:
+        queryset = queryset.filter(id__in=runs_with_step_label(filters.step_label))
     return queryset.defer(*LIST_DEFERRED).order_by("-id")
 
 
@@ -216,7 +220,7 @@ def page_after(queryset: QuerySet[Trajectory], *, after: int | None = None, limi
 
 # --- reading filters from a mapping (query string, command line, JSON body) -------------------------------------
 
-_TEXT = ("task", "task_set", "model", "harness", "source", "source_format", "q")
+_TEXT = ("task", "task_set", "model", "harness", "source", "source_format", "q", "step_label")
 
 
 def filters_from_params(params: Mapping[str, Any]) -> TrajectoryFilters:

@@ -208,6 +208,10 @@ TROVE_PROXY_SPOOL_DIR = Path(env_str("TROVE_PROXY_SPOOL_DIR") or VAR_DIR / "prox
 TROVE_PROXY_STREAM = env_str("TROVE_PROXY_STREAM", "") or ""
 # Where a registered model endpoint's key may come from (webapp/rollouts/endpoints.py): an environment variable
 # whose name starts with this prefix, or a file directly inside this directory (empty: no file keys).
+# Step-level labels curators give (experience/services/step_labels.py); runs with an excluding one on any step
+# are left out of dataset builds.
+TROVE_STEP_LABELS = env_list("TROVE_STEP_LABELS", ["good-step", "wrong-tool", "hallucinated-output", "reward-hack"])
+TROVE_EXCLUDING_STEP_LABELS = env_list("TROVE_EXCLUDING_STEP_LABELS", ["reward-hack"])
 TROVE_MODEL_KEY_ENV_PREFIX = env_str("TROVE_MODEL_KEY_ENV_PREFIX", "TROVE_MODEL_KEY_") or ""
 if not re.fullmatch(r"[A-Z][A-Z0-9_]{3,}_", TROVE_MODEL_KEY_ENV_PREFIX):
     raise ConfigError("TROVE_MODEL_KEY_ENV_PREFIX must be upper case, at least 5 characters, ending in '_' "

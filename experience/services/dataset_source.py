@@ -49,6 +49,7 @@ from experience.distill.spec import DatasetSpec
 from experience.errors import ValidationError
 from experience.models import Blob, Step, Trajectory, TrajectoryDigest
 from experience.records import MessageRecord, StepRecord, TrajectoryRecord
+from experience.services.step_labels import labelled_runs_excluded
 from experience.steps import (
     CONTEXT,
     ContextMessages,
@@ -182,7 +183,8 @@ def runs_matching(filters: Mapping[str, Any]) -> QuerySet[Trajectory]:
         query &= Q(created_at__lt=_parse_moment(filters["created_before"], "filters.created_before"))
     if filters.get("tags") and connection.vendor == "postgresql":
         query &= Q(tags__contains=filters["tags"])
-    return Trajectory.objects.filter(query)
+    # A run a curator labelled reward-hack (an excluding step label) is never training data, whatever the spec.
+    return labelled_runs_excluded(Trajectory.objects.filter(query))
 
 
 def _tags_match(tags: Any, wanted: list[str]) -> bool:

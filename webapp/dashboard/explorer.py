@@ -32,6 +32,7 @@ from experience.search import (
 from experience.search_hits import search_hits, trajectory_total
 from experience.services.curation import ACTIONS, trajectories_curate
 from experience.services.importing import ImportReport, trajectories_import_upload
+from experience.services.step_labels import step_label_set
 from webapp.access.permissions import scope_required
 from webapp.api.ranges import ID_MAX
 from webapp.api.trajectories import CURATE_PERMISSION
@@ -39,7 +40,7 @@ from webapp.dashboard.forms import form_errors
 
 PAGE = 50
 FILTER_NAMES = ("q", "task", "task_set", "model", "harness", "source", "source_format", "status", "outcome",
-                "curation", "duplicate", "tags", "created_after", "created_before", "similar", "ids")
+                "curation", "duplicate", "tags", "created_after", "created_before", "similar", "ids", "step_label")
 
 
 # Sortable columns (`sort=reward`, `sort=-reward`): anything but the newest-first default pages by offset.
@@ -74,7 +75,8 @@ def explorer(request: HttpRequest) -> HttpResponse:
     params, view = _given_filters(request.GET), _view_params(request.GET)
     context: dict = {"params": params, "view": view, "sorts": SORTS, "statuses": Trajectory.Status.values, "outcomes": OUTCOMES,
                      "curations": Trajectory.Curation.values, "duplicates": DUPLICATE_CHOICES, "actions": ACTIONS,
-                     "can_curate": request.user.has_perm(CURATE_PERMISSION), "rows": [], "error": ""}
+                     "can_curate": request.user.has_perm(CURATE_PERMISSION), "rows": [], "error": "",
+                     "step_label_set": step_label_set()}
     try:
         filters = filters_from_params(params)
         if filters.similar is not None:  # most similar first, one page

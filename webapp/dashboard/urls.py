@@ -1,6 +1,6 @@
 from django.urls import path
 
-from webapp.dashboard import clusters, compare, dataset_preview, datasets, explorer, jobs, views
+from webapp.dashboard import clusters, compare, dataset_preview, datasets, explorer, jobs, review, views
 from webapp.dashboard import fleets as fleet_views
 
 app_name = "dashboard"
@@ -17,6 +17,8 @@ urlpatterns = [
     path("trajectories/import/", explorer.trajectory_import, name="trajectory-import"),
     path("trajectories/compare/", compare.trajectory_compare, name="trajectory-compare"),
     path("trajectories/<int:trajectory_id>/", views.trajectory_detail, name="trajectory"),
+    path("trajectories/<int:trajectory_id>/review/", review.run_curate, name="run-curate"),
+    path("trajectories/<int:trajectory_id>/step-label/", review.step_label, name="step-label"),
     path("clusters/", clusters.cluster_index, name="clusters"),
     path("clusters/<int:cluster_id>/", clusters.cluster_detail, name="cluster"),
     path("clusters/<int:cluster_id>/split/", clusters.cluster_split_view, name="cluster-split"),

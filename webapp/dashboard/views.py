@@ -13,6 +13,7 @@ from webapp.access.permissions import scope_required
 from webapp.dashboard import charts, selectors
 from webapp.dashboard.jobs import open_rollouts
 from webapp.dashboard.live import job_snapshot
+from webapp.dashboard.review import run_review_context
 from webapp.rollouts import selectors as rollout_selectors
 from webapp.rollouts.models import Rollout
 
@@ -66,4 +67,5 @@ def trajectory_detail(request, trajectory_id: int):
         "trajectory": trajectory, "rollout": rollout, "run": run_page_config(trajectory=trajectory),
         "labels": run_labels(trajectory=trajectory),
         "history": history[:HISTORY_ROWS], "history_more": len(history) > HISTORY_ROWS,
+        **run_review_context(trajectory=trajectory, user=request.user),
     })

@@ -56,6 +56,8 @@ TABLE: dict[str, dict[str, str]] = {
     "dashboard:explorer-curate": {"POST": "trajectories:curate"},
     "dashboard:trajectory-import": {"GET": "trajectories:read", "POST": "trajectories:write"},
     "dashboard:trajectory": {"GET": "trajectories:read"},
+    "dashboard:run-curate": {"POST": "trajectories:curate"},
+    "dashboard:step-label": {"POST": "trajectories:curate"},
     "dashboard:trajectory-compare": {"GET": "trajectories:read"},
     "dashboard:clusters": {"GET": "trajectories:read"},
     "dashboard:cluster": {"GET": "trajectories:read"},

@@ -1,0 +1,81 @@
+"""Curators' step labels: from the project's set only, one per (step, label) with its note, each change a
+curation event; an excluding label (reward-hack) keeps the run out of dataset builds; the explorer filter."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from experience.errors import NotFound, ValidationError
+from experience.models import CurationEvent, Label
+from experience.search import filters_from_params, trajectory_search
+from experience.services.dataset_source import runs_matching
+from experience.services.step_labels import step_label_add, step_label_remove, step_labels_of
+from tests.experience.services.store_factories import run_record, stored
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def curator():
+    return get_user_model().objects.create_user("cur")
+
+
+def test_a_label_is_a_human_label_on_the_step_with_its_note_and_an_event(curator):
+    (run,) = stored(run_record())
+
+    step_label_add(trajectory_id=run, seq=3, name="wrong-tool", note="used sed, meant to edit", actor=curator)
+    step_label_add(trajectory_id=run, seq=3, name="wrong-tool", note="sed on a binary file", actor=curator)
+
+    label = Label.objects.get(trajectory_id=run, source="human")
+    assert (label.step.seq, label.name, label.value["note"]) == (3, "wrong-tool", "sed on a binary file")
+    events = list(CurationEvent.objects.filter(trajectory_id=run).order_by("id").values_list("action", "before", "after"))
+    assert events[0] == ("step_label", {}, {"label": "wrong-tool", "seq": 3, "note": "used sed, meant to edit"})
+    assert events[1][1]["note"] == "used sed, meant to edit" and events[1][2]["note"] == "sed on a binary file"
+    assert step_labels_of(trajectory_id=run)[0]["by"] == "cur"
+
+
+def test_labels_outside_the_set_and_missing_steps_are_refused_and_nothing_is_written(curator):
+    (run,) = stored(run_record())
+
+    with pytest.raises(ValidationError, match="'lgtm' is not in the project's label set"):
+        step_label_add(trajectory_id=run, seq=1, name="lgtm", actor=curator)
+    with pytest.raises(NotFound, match="has no step 99"):
+        step_label_add(trajectory_id=run, seq=99, name="good-step", actor=curator)
+    assert not Label.objects.filter(source="human").exists() and not CurationEvent.objects.exists()
+
+
+def test_the_label_set_is_configurable(settings, curator):
+    settings.TROVE_STEP_LABELS = ["tidy", "messy"]
+    (run,) = stored(run_record())
+
+    step_label_add(trajectory_id=run, seq=0, name="messy", actor=curator)
+    with pytest.raises(ValidationError):
+        step_label_add(trajectory_id=run, seq=0, name="good-step", actor=curator)
+
+
+def test_removing_a_label_leaves_an_event(curator):
+    (run,) = stored(run_record())
+    step_label_add(trajectory_id=run, seq=2, name="good-step", note="nice", actor=curator)
+
+    assert step_label_remove(trajectory_id=run, seq=2, name="good-step", actor=curator, reason="misclick")
+    assert not step_label_remove(trajectory_id=run, seq=2, name="good-step", actor=curator)
+    assert not Label.objects.filter(source="human").exists()
+    assert CurationEvent.objects.filter(action="step_unlabel", reason="misclick").count() == 1
+
+
+def test_a_reward_hack_label_keeps_the_run_out_of_dataset_builds_and_others_do_not(curator):
+    hacked, wrong, clean = stored(run_record(), run_record(), run_record())
+    step_label_add(trajectory_id=hacked, seq=1, name="reward-hack", note="edited the test", actor=curator)
+    step_label_add(trajectory_id=wrong, seq=1, name="wrong-tool", actor=curator)
+
+    assert sorted(runs_matching({}).values_list("pk", flat=True)) == [wrong, clean]
+
+
+def test_the_explorer_filter_finds_runs_with_a_step_label(curator):
+    labelled, _ = stored(run_record(), run_record())
+    step_label_add(trajectory_id=labelled, seq=0, name="hallucinated-output", actor=curator)
+
+    found = trajectory_search(filters=filters_from_params({"step_label": "hallucinated-output"}))
+
+    assert list(found.values_list("pk", flat=True)) == [labelled]

@@ -1,0 +1,73 @@
+"""The run page's review panel, as a browser posts it: approve, reject (a reason required), tag, note, mark a
+duplicate, label a step; a reader sees the labels but no controls and may not post them."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from experience.models import CurationEvent, Label, Trajectory
+from tests.experience.services.store_factories import run_record, stored
+from webapp.access.roles import role_groups_sync
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def curator():
+    client = Client()
+    user = get_user_model().objects.create_user("cur")
+    user.groups.add(role_groups_sync()["curator"])
+    client.force_login(user)
+    return client
+
+
+def test_a_rejection_needs_a_reason(curator):
+    (run,) = stored(run_record())
+
+    curator.post(f"/trajectories/{run}/review/", {"action": "reject"})
+    assert Trajectory.objects.get(pk=run).curation_status == "pending"
+    curator.post(f"/trajectories/{run}/review/", {"action": "reject", "reason": "edits the tests"})
+
+    assert Trajectory.objects.get(pk=run).curation_status == "rejected"
+    assert CurationEvent.objects.get(trajectory_id=run, action="reject").reason == "edits the tests"
+
+
+def test_approve_tag_note_and_duplicate_from_the_run_page(curator):
+    run, other = stored(run_record(), run_record())
+
+    for fields in ({"action": "approve"}, {"action": "tag", "tags": "flaky,nice"}, {"action": "note", "note": "ok"},
+                   {"action": "mark_duplicate", "canonical": other}):
+        assert curator.post(f"/trajectories/{run}/review/", fields).status_code == 302
+
+    row = Trajectory.objects.get(pk=run)
+    assert (row.curation_status, sorted(row.tags), row.is_duplicate, row.canonical_id) == (
+        "approved", ["flaky", "nice"], True, other)
+    assert "ok" in row.notes
+
+
+def test_a_step_label_from_the_page_goes_back_to_the_step(curator):
+    (run,) = stored(run_record())
+
+    answer = curator.post(f"/trajectories/{run}/step-label/", {"seq": 3, "label": "wrong-tool", "note": "grep, not sed"})
+    page = curator.get(f"/trajectories/{run}/").content.decode()
+
+    assert answer["Location"] == f"/trajectories/{run}/#step-3"
+    assert Label.objects.get(source="human").value["note"] == "grep, not sed"
+    assert 'data-seq="3" data-label="wrong-tool"' in page and 'id="step-label-form"' in page
+
+
+def test_a_reader_sees_labels_but_no_controls_and_cannot_post():
+    (run,) = stored(run_record())
+    from experience.services.step_labels import step_label_add
+
+    step_label_add(trajectory_id=run, seq=1, name="good-step")
+    reader = Client()
+    reader.force_login(get_user_model().objects.create_user("reader"))
+
+    page = reader.get(f"/trajectories/{run}/").content.decode()
+    refused = reader.post(f"/trajectories/{run}/step-label/", {"seq": 1, "label": "reward-hack"})
+
+    assert 'data-label="good-step"' in page and 'id="step-label-form"' not in page
+    assert refused.status_code == 403 and Label.objects.filter(source="human").count() == 1
