@@ -53,3 +53,13 @@ def test_the_job_page_says_the_share_of_rollouts_that_are_one_sample_and_the_for
     line = panel(researcher.get(f"/jobs/{job.pk}/").content.decode(), "rl-samples-line", "p")
     assert "<strong>50%</strong> of rollouts are one sample (2 of 4)" in line
     assert "4 exact" in line and "forks: compaction 2." in line
+
+
+def test_a_run_with_more_calls_than_the_page_assembles_says_so(researcher, tokenizer_path, monkeypatch):
+    from webapp.dashboard.templatetags import rl_samples
+
+    monkeypatch.setattr(rl_samples, "RUN_CALLS", 3)
+    job, _ = finished_job(tokenizer_path)
+    trajectory_id = Rollout.objects.filter(job=job).first().trajectory_id
+    text = panel(researcher.get(f"/trajectories/{trajectory_id}/").content.decode(), "rl-samples", "section")
+    assert "<strong>no samples</strong>: more than 3 model calls are not assembled on this page" in text

@@ -1,7 +1,8 @@
 """RL samples on the run and job pages: `{% run_samples_panel trajectory %}`, `{% job_samples_line job %}`.
 
 Tags rather than view context so each page includes them with one line. The job line assembles at most
-JOB_RUNS of the job's latest finished training rollouts (reading their model calls' payloads), and says so.
+JOB_RUNS of the job's latest finished training rollouts (reading their model calls' payloads), and says so;
+the run panel a run of at most RUN_CALLS model calls (a longer one is left to the samples API).
 """
 
 from __future__ import annotations
@@ -10,16 +11,22 @@ from typing import Any
 
 from django import template
 
+from experience.models import Step
 from experience.services.rl_samples import assembly_summary, run_samples, samples_overview
 from webapp.rollouts.models import Rollout
 
 register = template.Library()
 JOB_RUNS = 200
+RUN_CALLS = 2000  # a run with more model calls is assembled through the API, not on each page load
 TRAINING = (Rollout.Status.SUCCEEDED, Rollout.Status.FAILED)
 
 
 @register.inclusion_tag("dashboard/rl_samples_run.html")
 def run_samples_panel(trajectory: Any) -> dict[str, Any]:
+    calls = Step.objects.filter(trajectory_id=trajectory.pk, kind=Step.Kind.MODEL_CALL).count()
+    if calls > RUN_CALLS:
+        return {"summary": {"calls": calls, "samples": 0, "note": f"more than {RUN_CALLS} model calls are not assembled on this page (the samples API or an rl dataset does)"},
+                "samples": []}
     assembly = run_samples(trajectory_ids=[trajectory.pk])[trajectory.pk]
     return {"summary": assembly_summary(assembly), "samples": assembly.samples}
 
