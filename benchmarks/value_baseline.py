@@ -28,7 +28,11 @@ label, and the same figures over those, scored by the last fold's models (null w
 hold both outcomes). Target: learned best-of-4 at least 5 points above random. The last line is one JSON
 object.
 
-    .venv/bin/python benchmarks/value_baseline.py [--samples 15] [--folds 8] [--reuse]
+`--drop-eval-steps` deletes the demo runs' evaluation steps from the store before measuring (their outcome
+stays on the run): the leak check on real runs. Every figure must come out as without it. It changes the
+store for good, so point `--database-url` at a copy (`CREATE DATABASE … TEMPLATE …`).
+
+    .venv/bin/python benchmarks/value_baseline.py [--samples 15] [--folds 8] [--reuse] [--drop-eval-steps]
 """
 
 from __future__ import annotations
@@ -91,6 +95,15 @@ def demo_runs() -> tuple[int, float]:
     runs = Trajectory.objects.filter(task_set=DEMO_TASK_SET, success__isnull=False)
     total = runs.count()
     return total, (runs.filter(success=True).count() / total if total else 0.0)
+
+
+def drop_eval_steps() -> int:
+    """Delete the demo runs' evaluation steps (their digests go with them, by trigger); the count deleted."""
+    from experience.models import Step
+    from workers.seed import DEMO_TASK_SET
+
+    deleted, _by_model = Step.objects.filter(kind="eval", trajectory__task_set=DEMO_TASK_SET).delete()
+    return deleted
 
 
 def fold(seed: int, trials: int, models: tuple[str, ...]) -> dict[str, Any]:
@@ -193,6 +206,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--reuse", action="store_true", help="use the demo runs already in the database")
     parser.add_argument("--baseline-only", action="store_true", help="leave the learned model out")
+    parser.add_argument("--drop-eval-steps", action="store_true",
+                        help="delete the demo runs' evaluation steps first (the leak check; alters the store)")
     args = parser.parse_args()
     ensure_database(args.database_url)
     os.environ.pop("REDIS_URL", None)  # the embedded worker: rollouts run in this process
@@ -209,6 +224,8 @@ def main() -> None:
         started = time.monotonic()
         run_demo_job(args.samples, args.max_steps, args.concurrency)
         log(f"  job done in {time.monotonic() - started:.0f} s")
+    if args.drop_eval_steps:
+        log(f"leak check: deleted {drop_eval_steps()} evaluation steps of demo runs")
     runs, success_rate = demo_runs()
     log(f"store: {runs} demo runs with an outcome, success rate {success_rate:.2f}")
     models = ("baseline", "learned") if not args.baseline_only else ("baseline",)
