@@ -26,9 +26,8 @@ from workers.harness.presets.bundles import bundle_installed
 from workers.rollout_runner import rollout_run
 
 MODEL = "trove-demo-stand-in"
-# The presets that run against the demo model today (gemini-cli needs the proxy's Gemini protocol).
-RUNNABLE = ("mini-swe-agent", "opencode", "codex", "claude-code", "qwen-code")
-MODEL_ROUTES = ("/chat/completions", "/responses", "/messages")
+RUNNABLE = ("mini-swe-agent", "opencode", "codex", "claude-code", "qwen-code", "gemini-cli")
+MODEL_ROUTES = ("/chat/completions", "/responses", "/messages", ":generateContent", ":streamGenerateContent")
 
 
 class CountingDemoModel:
@@ -94,7 +93,9 @@ def preset_job(task_set, fleet, model, harness: str, *, seed_sample: int = 0, **
     from tests.webapp.rollouts.jobs_factories import make_endpoint
 
     preset, _ = presets.resolve(harness)
-    endpoint = make_endpoint(model.url, model_names=[MODEL], protocol=preset.protocol)
+    # Each protocol's upstream base URL as its clients write it: Gemini's ends in /v1beta, the others' in /v1.
+    base_url = model.url.removesuffix("/v1") + "/v1beta" if preset.protocol == "gemini" else model.url
+    endpoint = make_endpoint(base_url, model_names=[MODEL], protocol=preset.protocol)
     options.setdefault("max_steps", 20)
     options.setdefault("wall_time_s", 300)
     return job_create(task_set=task_set, fleet=fleet, endpoint=endpoint, model_name=MODEL,
@@ -120,9 +121,8 @@ def test_a_preset_solves_a_demo_task_through_the_proxy_in_its_own_protocol(
     status = rollout_run(rollout_id=rollout.pk, worker="test-worker")
 
     rollout.refresh_from_db()
+    assert status in (Rollout.Status.SUCCEEDED, Rollout.Status.FAILED), (status, rollout.error)
     trajectory = rollout.trajectory
-    notes = list(trajectory.steps.filter(kind__in=("note", "command")).values_list("preview", flat=True))
-    assert status in (Rollout.Status.SUCCEEDED, Rollout.Status.FAILED), (rollout.error, notes)
     assert trajectory.status == Trajectory.Status.COMPLETED and trajectory.harness == f"{name}@{version}"
     assert trajectory.metadata["harness_name"] == name and trajectory.metadata["harness_version"] == version
     assert trajectory.metadata["harness_protocol"] == preset.protocol

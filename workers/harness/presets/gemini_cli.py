@@ -1,8 +1,9 @@
 """Google's gemini-cli: speaks only the Gemini API (`POST {base}/v1beta/models/M:streamGenerateContent?alt=sse`,
 `x-goog-api-key`); runs on the sandbox's node (>= 20). Needs writable HOME and /tmp.
 
-It runs only where the proxy serves the Gemini protocol under /r/<token>/v1beta/ (see docs/harnesses.md).
-Native log: ~/.gemini/tmp/<project hash>/chats/*.json.
+GOOGLE_GEMINI_BASE_URL is the proxy root (the client adds /v1beta); a Gemini endpoint's own base URL ends
+in /v1beta.
+Native log: ~/.gemini/tmp/<project>/chats/session-*.jsonl.
 """
 
 from workers.harness.presets.base import PROMPT, ConfigFile, Package, Preset, json_config
@@ -25,7 +26,7 @@ PRESET = Preset(
     env={"GEMINI_API_KEY": "$api_key", "GOOGLE_GEMINI_BASE_URL": "$proxy", "TMPDIR": "$tmp", "NO_COLOR": "1"},
     config_files=(ConfigFile(".gemini/settings.json", SETTINGS),),
     writable_dirs=("$home/.gemini",),
-    native_logs=(".gemini/tmp/**/*.json",),
+    native_logs=(".gemini/tmp/*/chats/*.jsonl", ".gemini/tmp/*/chats/*.json"),
     needs_node=True,
-    notes="Gemini API only: needs the proxy's Gemini protocol. Usage statistics and telemetry off.",
+    notes="Gemini API only, streamed. Needs node >= 20 in the sandbox. Usage statistics and telemetry off.",
 )
