@@ -27,6 +27,7 @@ import numpy as np
 from experience.records import MessageRecord, StepRecord
 
 REMINDER_MARK = "<system-reminder>"
+TOKEN_ID_PREFIX = "token_id:"  # how vLLM spells a logprob's token under return_tokens_as_token_ids
 FORK_CAUSES = ("compaction", "system_reminder", "rerendered_turn", "edited_history", "truncated_prompt", "unknown")
 
 
@@ -123,8 +124,12 @@ def call_of_payload(
     payload: dict[str, Any], *, seq: int, messages: tuple[MessageRecord, ...] | None = None,
     response: MessageRecord | None = None,
 ) -> ModelCall:
-    """A call from its step's payload (where the proxy keeps token ids, logprobs and the policy version)."""
+    """A call from its step's payload (where the proxy keeps token ids, logprobs and the policy version).
+    Completion ids are the server's `token_ids` (vLLM's `return_token_ids`), else read from logprob tokens
+    spelled `token_id:<id>` (vLLM's `return_tokens_as_token_ids`)."""
     completion = _ids(payload.get("token_ids"))
+    if completion is None:
+        completion = _ids_in_logprobs(payload.get("logprobs"))
     return ModelCall(
         seq=seq,
         messages=messages,
@@ -143,6 +148,18 @@ def _ids(value: Any) -> list[int] | None:
     if value and np.asarray(value).dtype.kind not in "iu":  # bools, floats, strings, nested lists
         return None
     return value
+
+
+def _ids_in_logprobs(entries: Any) -> list[int] | None:
+    if not isinstance(entries, list) or not entries:
+        return None
+    ids = []
+    for entry in entries:
+        token = entry.get("token") if isinstance(entry, dict) else None
+        if not isinstance(token, str) or not token.startswith(TOKEN_ID_PREFIX) or not token[len(TOKEN_ID_PREFIX) :].isdigit():
+            return None
+        ids.append(int(token[len(TOKEN_ID_PREFIX) :]))
+    return ids
 
 
 def _logprobs(entries: Any, count: int | None) -> list[float | None] | None:

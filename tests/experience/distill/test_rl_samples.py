@@ -135,3 +135,14 @@ def test_logprobs_that_do_not_match_the_ids_one_for_one_are_dropped_not_shifted(
     steps[0].payload["logprobs"] = steps[0].payload["logprobs"][1:]
     sample = assemble(model_calls(steps)).samples[0]
     assert sum(sample.loss_mask) == len(server.generated[0]["ids"]) and set(sample.logprobs) == {None}
+
+
+def test_completion_ids_spelled_as_logprob_tokens_are_read_when_the_server_returns_no_token_ids(server):
+    # vLLM's return_tokens_as_token_ids: each logprob's token is "token_id:<id>", and no token_ids field.
+    steps = agent_run(server, 1)
+    payload = steps[0].payload
+    payload["logprobs"] = [{"token": f"token_id:{t}", "logprob": lp["logprob"]}
+                           for t, lp in zip(payload.pop("token_ids"), payload["logprobs"], strict=True)]
+    sample = assemble(model_calls(steps)).samples[0]
+    assert [t for t, m in zip(sample.token_ids, sample.loss_mask, strict=True) if m] == server.generated[0]["ids"]
+    assert [lp for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True) if m] == server.generated[0]["logprobs"]
