@@ -2,16 +2,26 @@
 
 Phases (each can be shrunk or skipped by flag):
 
-- calibrate: the real SWE-agent fixtures (/work/shared/fixtures/trajectories): per embedder, the lowest
+- calibrate: the real SWE-agent fixtures (../shared/fixtures/trajectories, or TROVE_FIXTURES_DIR): per embedder, the lowest
   cosine within the 8 marshmallow-1867 runs (one task, eight agent configurations) and within the three
   runs of the missing-colon issue (same work under three task keys), the single-linkage height of each
   group (the highest threshold at which union-find still joins all of it), the highest cosine between runs of
   different problems, and the highest cosine between a run and another problem's actions under the first
   run's task head (a stand-in for "same task, different approach"). README.md's thresholds come from here.
+- real pairs (`--real-pairs`, on by default): the hand-labelled pairs of real runs in
+  tests/fixtures/dedup/pair_labels.jsonl (several attempts at one task by one agent, different agents on one
+  task, different tasks; its README says how they were labelled). Every labelled run is read by Trove's
+  importers, all of them are clustered together the way the service's batch path does (exact hash, then
+  cosine >= the embedder's threshold, single linkage, within task), and a pair is predicted duplicate when
+  both runs land in one cluster. Pair precision / recall for both embedders at their service thresholds
+  (`real_precision_lexical`, `real_recall_lexical`, `real_precision_minilm`, `real_recall_minilm`), the
+  counts per kind and the pairs judged wrong. These are the quality figures to quote.
 - synthetic runs: `--n` TrajectoryRecords from templates (5,000 tasks x 20 runs at the default 100,000).
   Per task a few plans; each run replays a plan with fresh temp dirs and line numbers (an exact duplicate
   after normalisation), or with one or two edits (a near duplicate), or is a new plan (a distinct run).
-  The plan a run came from is the ground truth for pair precision / recall of the clusters.
+  The plan a run came from is the ground truth for pair precision / recall of the clusters
+  (`synthetic_quality`). The variations are exactly what the normaliser removes, so these figures say the
+  pipeline works as built, not how well it judges real runs: the real pairs above do that.
 - embed_per_s: lexical on all runs; MiniLM on the first `--minilm-n` (whole tasks, so the two embedders'
   cluster quality can also be compared on the same runs).
 - index: `VectorIndex.rebuild` over the lexical vectors (the PQ scan + exact re-rank layout at this
@@ -38,6 +48,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import os
 import random
 import statistics
 import sys
@@ -57,9 +68,14 @@ from experience.dedup.cluster import Assignment, DedupItem, cluster_items  # noq
 from experience.dedup.embed import Embedder, get_embedder  # noqa: E402
 from experience.dedup.index import VectorIndex, recall_at_k  # noqa: E402
 from experience.dedup.signature import action_sequence, exact_hash, signature_text  # noqa: E402
+from experience.importers import read_all  # noqa: E402
 from experience.records import StepRecord, TrajectoryRecord  # noqa: E402
 
-FIXTURES = Path("/work/shared/fixtures/trajectories/swe-agent")
+SHARED_DIR = Path(os.environ.get("TROVE_SHARED_DIR") or REPO.parent / "shared")
+FIXTURES_DIR = Path(os.environ.get("TROVE_FIXTURES_DIR") or SHARED_DIR / "fixtures" / "trajectories")
+FIXTURES = FIXTURES_DIR / "swe-agent"
+PAIR_LABELS = REPO / "tests" / "fixtures" / "dedup" / "pair_labels.jsonl"
+PAIR_KINDS = ("same_agent_same_task", "different_agents_same_task", "different_tasks")
 RUNS_PER_TASK = 20
 QUERIES = 1000
 K = 10
@@ -351,6 +367,123 @@ def tombstone_figures(
         index.add(gone, vectors[::10])
 
 
+# ---------------------------------------------------------------------------------------------- real pairs
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelledPair:
+    kind: str  # one of PAIR_KINDS
+    a: tuple[str, int]  # (file as the labels name it, index of the run in that file)
+    b: tuple[str, int]
+    duplicate: bool
+    note: str
+
+
+def locate_run_file(file: str) -> Path:
+    """A label's `file`: `fixtures:PATH` (the shared trajectories) or `repo:PATH` (this checkout)."""
+    if file.startswith("fixtures:"):
+        return FIXTURES_DIR / file.removeprefix("fixtures:")
+    if file.startswith("repo:"):
+        return REPO / file.removeprefix("repo:")
+    raise ValueError(f"pair label file {file!r} must start with 'fixtures:' or 'repo:'")
+
+
+def load_pair_labels(path: Path = PAIR_LABELS) -> list[LabelledPair]:
+    pairs = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        row = json.loads(line)
+        if row["kind"] not in PAIR_KINDS:
+            raise ValueError(f"{path}:{number}: kind {row['kind']!r} is not one of {', '.join(PAIR_KINDS)}")
+        side = lambda ref: (ref["file"], int(ref["index"]))  # noqa: E731
+        pairs.append(LabelledPair(row["kind"], side(row["a"]), side(row["b"]), bool(row["duplicate"]), row["note"]))
+    return pairs
+
+
+def labelled_runs(pairs: list[LabelledPair]) -> dict[tuple[str, int], TrajectoryRecord]:
+    """Every run the pairs name, read by Trove's own importers (each file once). A missing run raises."""
+    files: dict[str, list[TrajectoryRecord]] = {}
+    runs = {}
+    for ref in sorted({ref for pair in pairs for ref in (pair.a, pair.b)}):
+        file, index = ref
+        if file not in files:
+            files[file] = read_all(locate_run_file(file))
+        if not 0 <= index < len(files[file]):
+            raise ValueError(f"{file} holds {len(files[file])} runs; the labels name run {index}")
+        runs[ref] = files[file][index]
+    return runs
+
+
+def predicted_duplicates(
+    runs: dict[tuple[str, int], TrajectoryRecord], embedder: Embedder, *, across_tasks: bool = False
+) -> dict[tuple[str, int], int]:
+    """The cluster (canonical position) of each labelled run when the service's batch path clusters them all
+    together: exact hash, then cosine >= the embedder's threshold, single linkage, within task (the
+    service's default) or across tasks (its `across_tasks` option)."""
+    refs = list(runs)
+    records = [runs[ref] for ref in refs]
+    vectors = embedder.embed([signature_text(record) for record in records])
+    items = [
+        DedupItem(position, record.task_key, exact_hash(record), vectors[position])
+        for position, record in enumerate(records)
+    ]
+    assignments = cluster_items(items, threshold=embedder.threshold, across_tasks=across_tasks)
+    return {ref: assignment.canonical_id for ref, assignment in zip(refs, assignments, strict=True)}
+
+
+def real_pair_scores(
+    pairs: list[LabelledPair],
+    runs: dict[tuple[str, int], TrajectoryRecord],
+    embedder: Embedder,
+    *,
+    across_tasks: bool = False,
+) -> dict[str, Any]:
+    """Pair precision / recall of the service's clusters against the hand labels, and the counts per kind."""
+    cluster_of = predicted_duplicates(runs, embedder, across_tasks=across_tasks)
+    counts = {kind: Counter() for kind in PAIR_KINDS}
+    wrong = []
+    outcome = {(True, True): "tp", (True, False): "fp", (False, True): "fn", (False, False): "tn"}
+    for pair in pairs:
+        predicted = cluster_of[pair.a] == cluster_of[pair.b]
+        counts[pair.kind][outcome[predicted, pair.duplicate]] += 1
+        if predicted != pair.duplicate:
+            wrong.append(f"{outcome[predicted, pair.duplicate]} {pair.kind}: {describe(pair.a)} ~ {describe(pair.b)}")
+    total = sum(counts.values(), Counter())
+    return {
+        "threshold": embedder.threshold,
+        "precision": round(total["tp"] / (total["tp"] + total["fp"]), 4) if total["tp"] + total["fp"] else None,
+        "recall": round(total["tp"] / (total["tp"] + total["fn"]), 4) if total["tp"] + total["fn"] else None,
+        "by_kind": {kind: {key: counts[kind][key] for key in ("tp", "fp", "fn", "tn")} for kind in PAIR_KINDS},
+        "wrong": wrong,
+    }
+
+
+def describe(ref: tuple[str, int]) -> str:
+    file, index = ref
+    return f"{file.rsplit('/', 2)[-2] if file.count('/') > 1 else file}/{file.rsplit('/', 1)[-1]}#{index}"
+
+
+def real_pairs_phase() -> dict[str, Any]:
+    """Both embedders on the hand-labelled pairs of real runs (tests/fixtures/dedup/README.md)."""
+    pairs = load_pair_labels()
+    runs = labelled_runs(pairs)
+    figures: dict[str, Any] = {
+        "real_pairs": len(pairs),
+        "real_runs": len(runs),
+        "real_duplicate_pairs": sum(pair.duplicate for pair in pairs),
+    }
+    for name in ("lexical", "minilm"):
+        embedder = get_embedder(name)
+        scores = real_pair_scores(pairs, runs, embedder)
+        # Beside the service's default: what the embedder alone makes of every pair, other tasks included.
+        across = real_pair_scores(pairs, runs, embedder, across_tasks=True)
+        scores["across_tasks"] = {key: across[key] for key in ("precision", "recall", "by_kind", "wrong")}
+        log(f"real pairs {name}: {scores}")
+        figures[f"real_precision_{name}"] = scores["precision"]
+        figures[f"real_recall_{name}"] = scores["recall"]
+        figures[f"real_{name}"] = scores
+    return figures
+
+
 # ---------------------------------------------------------------------------------------------- phases
 
 
@@ -458,7 +591,7 @@ def synthetic_phase(args: argparse.Namespace) -> dict[str, Any]:
         "end_to_end_parts_s": details["timings"],
         "duplicates_marked": duplicates,
         "exact_duplicates": exact,
-        "quality": {"lexical": quality, "minilm_subset": minilm_figures},
+        "synthetic_quality": {"lexical": quality, "minilm_subset": minilm_figures},
     }
 
 
@@ -514,9 +647,12 @@ def main() -> None:
     parser.add_argument("--million", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--million-n", type=int, default=1_000_000)
     parser.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--real-pairs", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args()
 
     result: dict[str, Any] = {}
+    if args.real_pairs:
+        result.update(real_pairs_phase())
     if args.calibrate:
         result["calibration"] = calibrate()
     result = {**synthetic_phase(args), **result}
