@@ -24,6 +24,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from experience.errors import NotFound
 from experience.run_steps import (
     MAX_PAGE,
     MAX_QUERY,
@@ -44,6 +45,12 @@ class StepViewsQuerySerializer(serializers.Serializer):
     seqs = serializers.RegexField(r"^\d{1,10}(,\d{1,10}){0,199}$", required=False,
                                   help_text="comma-separated seqs (at most 200) instead of after/limit")
 
+    def validate_seqs(self, value: str) -> list[int]:
+        seqs = [int(s) for s in value.split(",")]
+        if max(seqs) > INT_MAX:
+            raise serializers.ValidationError(f"a seq is at most {INT_MAX}")
+        return seqs
+
 
 class ContextQuerySerializer(serializers.Serializer):
     unchanged = serializers.BooleanField(default=False, help_text="also the messages unchanged since the last call")
@@ -59,6 +66,12 @@ def _query(serializer_class: type[serializers.Serializer], request: Request) -> 
     return dict(query.validated_data)
 
 
+def _check_seq(trajectory_id: int, seq: int) -> None:
+    """A seq past the column's range names no step (rather than reaching the database as an error)."""
+    if seq > INT_MAX:
+        raise NotFound(f"trajectory {trajectory_id} has no step {seq}")
+
+
 @method_decorator(gzip_page, name="dispatch")
 class StepViewsApi(APIView):
     scope_area = "trajectories"
@@ -68,8 +81,7 @@ class StepViewsApi(APIView):
         """Step views after `after`, or the steps named by `seqs`, in order."""
         args = _query(StepViewsQuerySerializer, request)
         trajectory = trajectory_get(trajectory_id=trajectory_id)
-        seqs = [int(s) for s in args["seqs"].split(",")] if args.get("seqs") else None
-        views, last = step_views(trajectory=trajectory, seqs=seqs, after=args["after"], limit=args["limit"])
+        views, last = step_views(trajectory=trajectory, seqs=args.get("seqs"), after=args["after"], limit=args["limit"])
         return Response({"results": views, "next_after": last})
 
 
@@ -80,6 +92,7 @@ class StepViewApi(APIView):
     @extend_schema(responses=OpenApiTypes.OBJECT, operation_id="step_view")
     def get(self, request: Request, trajectory_id: int, seq: int) -> Response:
         """One step's view, its output whole."""
+        _check_seq(trajectory_id, seq)
         return Response(step_view_one(trajectory=trajectory_get(trajectory_id=trajectory_id), seq=seq))
 
 
@@ -101,6 +114,7 @@ class StepContextApi(APIView):
     def get(self, request: Request, trajectory_id: int, seq: int) -> Response:
         """A model call's context against the previous call's: unchanged, new, rewritten."""
         args = _query(ContextQuerySerializer, request)
+        _check_seq(trajectory_id, seq)
         trajectory = trajectory_get(trajectory_id=trajectory_id)
         return Response(run_context_lens(trajectory=trajectory, seq=seq, unchanged=args["unchanged"]))
 

@@ -9,6 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from experience.models import Step
 from experience.records import MessageRecord, StepRecord, TrajectoryRecord
@@ -37,7 +39,7 @@ def _call(n: int, context: list[MessageRecord]) -> StepRecord:
                       started_at=T0 + timedelta(seconds=2 * n), ended_at=T0 + timedelta(seconds=2 * n, milliseconds=400))
 
 
-def _run(ref: str = "lens-1"):
+def _run(ref: str = "lens-1", padding: int = 0):
     """Three model calls: the second sees two new messages, the third a context compacted by the harness."""
     reply1 = MessageRecord(role="assistant", content="", tool_calls=[{"id": "call_1", "type": "function",
                                                                       "function": {"name": "bash", "arguments": "{}"}}])
@@ -53,6 +55,7 @@ def _run(ref: str = "lens-1"):
         _call(3, [SYSTEM, summary, MessageRecord(role="tool", content="boom", tool_call_id="call_2")]),
         StepRecord(kind="eval", command="pytest -q", output="1 failed", exit_code=1, text="evaluation failed",
                    payload={"reward": 0.0}, started_at=T0 + timedelta(seconds=8)),
+        *(StepRecord(kind="command", command=f"echo {i}", output=str(i), exit_code=0) for i in range(padding)),
     ]
     trajectory, _ = trajectory_ingest(record=TrajectoryRecord(
         source="api", source_format="trove", source_ref=ref, task_key="slugify", steps=steps,
@@ -77,8 +80,22 @@ def test_step_views_link_each_call_to_its_result_and_page_on(api, django_assert_
 
 def test_bad_seqs_are_a_400_naming_the_field(api):
     trajectory = _run()
-    response = api.get(f"/api/v1/trajectories/{trajectory.pk}/steps/view/?seqs=1,x")
-    assert response.status_code == 400 and "seqs" in json.dumps(response.json())
+    for seqs in ("1,x", "1,9999999999"):
+        response = api.get(f"/api/v1/trajectories/{trajectory.pk}/steps/view/?seqs={seqs}")
+        assert response.status_code == 400 and "seqs" in json.dumps(response.json())
+    assert api.get(f"/api/v1/trajectories/{trajectory.pk}/steps/99999999999/context/").status_code == 404
+    assert api.get(f"/api/v1/trajectories/{trajectory.pk}/steps/99999999999/view/").status_code == 404
+
+
+def test_the_run_page_costs_the_same_queries_whatever_the_run_length(api, client):
+    client.force_login(api.user)
+    counts = []
+    for run in (_run("short"), _run("long", padding=2_000)):
+        with CaptureQueriesContext(connection) as queries:
+            page = client.get(f"/trajectories/{run.pk}/")
+        assert page.status_code == 200 and len(page.content) < 200_000
+        counts.append(len(queries))
+    assert counts[0] == counts[1]
 
 
 def test_the_index_has_every_step_and_its_jump_marks(api):
