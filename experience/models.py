@@ -349,3 +349,5 @@ class DatasetVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.dataset.name} v{self.version}"
+
+from experience.review_models import ReviewItem, ReviewQueue  # noqa: E402, F401 (the review queues' models)

@@ -212,6 +212,7 @@ TROVE_PROXY_STREAM = env_str("TROVE_PROXY_STREAM", "") or ""
 # are left out of dataset builds.
 TROVE_STEP_LABELS = env_list("TROVE_STEP_LABELS", ["good-step", "wrong-tool", "hallucinated-output", "reward-hack"])
 TROVE_EXCLUDING_STEP_LABELS = env_list("TROVE_EXCLUDING_STEP_LABELS", ["reward-hack"])
+TROVE_REVIEW_CLAIM_SECONDS = env_int("TROVE_REVIEW_CLAIM_SECONDS", 900)  # a review queue claim's lifetime
 TROVE_MODEL_KEY_ENV_PREFIX = env_str("TROVE_MODEL_KEY_ENV_PREFIX", "TROVE_MODEL_KEY_") or ""
 if not re.fullmatch(r"[A-Z][A-Z0-9_]{3,}_", TROVE_MODEL_KEY_ENV_PREFIX):
     raise ConfigError("TROVE_MODEL_KEY_ENV_PREFIX must be upper case, at least 5 characters, ending in '_' "

@@ -10,6 +10,7 @@ from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from experience.errors import TroveError
@@ -105,6 +106,9 @@ def _answer(request, wants_json: bool, run_id: int, seq: int | None, *, ok: str 
         return JsonResponse({"ok": not error, "message": error or ok, "labels": step_labels_of(trajectory_id=run_id)},
                             status=400 if error else 200, json_dumps_params={"default": str})
     (messages.error if error else messages.success)(request, error or ok)
+    back = request.POST.get("next", "")  # a review queue labels from its own page and goes back there
+    if back and url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
+        return redirect(back)
     return redirect(_run_url(run_id, seq))
 
 

@@ -1,6 +1,16 @@
 from django.urls import path
 
-from webapp.dashboard import clusters, compare, dataset_preview, datasets, explorer, jobs, review, views
+from webapp.dashboard import (
+    clusters,
+    compare,
+    dataset_preview,
+    datasets,
+    explorer,
+    jobs,
+    queues,
+    review,
+    views,
+)
 from webapp.dashboard import fleets as fleet_views
 
 app_name = "dashboard"
@@ -19,6 +29,10 @@ urlpatterns = [
     path("trajectories/<int:trajectory_id>/", views.trajectory_detail, name="trajectory"),
     path("trajectories/<int:trajectory_id>/review/", review.run_curate, name="run-curate"),
     path("trajectories/<int:trajectory_id>/step-label/", review.step_label, name="step-label"),
+    path("queues/", queues.queue_list, name="queues"),
+    path("queues/<int:queue_id>/", queues.queue_detail, name="queue"),
+    path("queues/<int:queue_id>/next/", queues.queue_next, name="queue-next"),
+    path("queues/<int:queue_id>/items/<int:item_id>/decide/", queues.queue_decide, name="queue-decide"),
     path("clusters/", clusters.cluster_index, name="clusters"),
     path("clusters/<int:cluster_id>/", clusters.cluster_detail, name="cluster"),
     path("clusters/<int:cluster_id>/split/", clusters.cluster_split_view, name="cluster-split"),

@@ -60,6 +60,10 @@ TABLE: dict[str, dict[str, str]] = {
     "dashboard:step-label": {"POST": "trajectories:curate"},
     "dashboard:trajectory-compare": {"GET": "trajectories:read"},
     "dashboard:clusters": {"GET": "trajectories:read"},
+    "dashboard:queues": {"GET": "trajectories:read", "POST": "trajectories:curate"},
+    "dashboard:queue": {"GET": "trajectories:read"},
+    "dashboard:queue-next": {"POST": "trajectories:curate"},
+    "dashboard:queue-decide": {"POST": "trajectories:curate"},
     "dashboard:cluster": {"GET": "trajectories:read"},
     "dashboard:cluster-split": {"POST": "trajectories:curate"},
     "dashboard:cluster-merge": {"POST": "trajectories:curate"},
@@ -191,7 +195,8 @@ def world():
     return {
         "job_id": job.pk, "rollout_id": job.rollouts.first().pk, "fleet_id": job.fleet_id,
         "template_id": job.fleet.template_id, "trajectory_id": run_id, "sandbox_id": 999_999,
-        "cluster_id": 999_999, "seq": 0, "ref": "no-such-dataset", "name": "no-such-dataset", "version": 1,
+        "cluster_id": 999_999, "queue_id": 999_999, "item_id": 999_999,
+        "seq": 0, "ref": "no-such-dataset", "name": "no-such-dataset", "version": 1,
         "endpoint": job.endpoint.name, "file": "rows.jsonl",
     }
 

@@ -1,0 +1,54 @@
+"""Review queues: a fixed list of runs (from an explorer filter, or a random sample of it) that curators work
+through one run at a time. Imported by experience.models, so these are the experience app's models.
+
+Several curators share a queue: each takes the next open item with a claim that expires (as fleets lease
+sandboxes), so no two review the same run at once, and a curator who walks away gives the run back when the
+claim runs out. An item is decided once (approve / reject / skip); the decision is also a curation of the run.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class ReviewQueue(models.Model):
+    name = models.CharField(max_length=200)
+    filters = models.JSONField(default=dict, blank=True, help_text="the explorer filters it was made from")
+    sample = models.PositiveIntegerField(null=True, blank=True, help_text="a random sample of this many, or all")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return self.name or f"queue {self.pk}"
+
+
+class ReviewItem(models.Model):
+    class Decision(models.TextChoices):
+        APPROVE = "approve"
+        REJECT = "reject"
+        SKIP = "skip"
+
+    queue = models.ForeignKey(ReviewQueue, on_delete=models.CASCADE, related_name="items")
+    trajectory = models.ForeignKey("experience.Trajectory", on_delete=models.CASCADE, related_name="+")
+    position = models.PositiveIntegerField()
+    claimed_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    decision = models.CharField(max_length=16, choices=Decision.choices, blank=True)
+    reason = models.TextField(blank=True)
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["queue", "trajectory"], name="review_item_once_per_queue")]
+        # The claim's scan: a queue's open items in order.
+        indexes = [models.Index(fields=["queue", "decision", "position"], name="review_item_open_idx")]
+
+    def __str__(self) -> str:
+        return f"run {self.trajectory_id} in queue {self.queue_id}"
