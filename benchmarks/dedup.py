@@ -45,6 +45,7 @@ The last line printed is one JSON object.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import itertools
 import json
@@ -75,6 +76,7 @@ SHARED_DIR = Path(os.environ.get("TROVE_SHARED_DIR") or REPO.parent / "shared")
 FIXTURES_DIR = Path(os.environ.get("TROVE_FIXTURES_DIR") or SHARED_DIR / "fixtures" / "trajectories")
 FIXTURES = FIXTURES_DIR / "swe-agent"
 PAIR_LABELS = REPO / "tests" / "fixtures" / "dedup" / "pair_labels.jsonl"
+REAL_SWEEP = {"lexical": (0.80, 0.85, 0.88, 0.90, 0.92, 0.95), "minilm": (0.90, 0.93, 0.95, 0.96, 0.97)}
 PAIR_KINDS = ("same_agent_same_task", "different_agents_same_task", "different_tasks")
 RUNS_PER_TASK = 20
 QUERIES = 1000
@@ -457,6 +459,19 @@ def real_pair_scores(
     }
 
 
+def threshold_sweep(
+    pairs: list[LabelledPair], runs: dict[tuple[str, int], TrajectoryRecord], embedder: Embedder
+) -> dict[str, dict[str, float | None]]:
+    """Precision / recall on the real pairs at thresholds around the service's (within task)."""
+    sweep = {}
+    for threshold in REAL_SWEEP[embedder.name]:
+        moved = copy.copy(embedder)  # shares the loaded model; only the threshold differs
+        moved.threshold = threshold
+        scores = real_pair_scores(pairs, runs, moved)
+        sweep[f"{threshold:.2f}"] = {"precision": scores["precision"], "recall": scores["recall"]}
+    return sweep
+
+
 def describe(ref: tuple[str, int]) -> str:
     file, index = ref
     return f"{file.rsplit('/', 2)[-2] if file.count('/') > 1 else file}/{file.rsplit('/', 1)[-1]}#{index}"
@@ -477,6 +492,7 @@ def real_pairs_phase() -> dict[str, Any]:
         # Beside the service's default: what the embedder alone makes of every pair, other tasks included.
         across = real_pair_scores(pairs, runs, embedder, across_tasks=True)
         scores["across_tasks"] = {key: across[key] for key in ("precision", "recall", "by_kind", "wrong")}
+        scores["sweep"] = threshold_sweep(pairs, runs, embedder)
         log(f"real pairs {name}: {scores}")
         figures[f"real_precision_{name}"] = scores["precision"]
         figures[f"real_recall_{name}"] = scores["recall"]
