@@ -19,7 +19,8 @@ Figures (the last line is one JSON object):
 - length_ratio_10x: the time to assemble, from the store, rollouts that recorded 10x the tokens (longer
   tool outputs; long_vs_short_tokens says how many times exactly) over the time for the shorter ones
   (target <= 12); retokenised_turns_ratio_10x: message-level chaining of a rollout with 10x the turns over
-  the shorter one (each message is tokenised once, so linear in the final length).
+  the shorter one. No target: each message is tokenised once (linear in the final length), but each call's
+  request is still compared message by message with the sample's history, which grows with the turns.
 """
 
 from __future__ import annotations
