@@ -648,6 +648,7 @@
       : "This run has no timestamps: one slot per step, in order. Click to jump; the black line marks the step in view.";
     buildFilters();
     drawTimeline();
+    followScroll(); // the marker shows the step in view from the start
     window.trovePage.ready = true;
     document.body.dataset.indexReady = "1";
   });
