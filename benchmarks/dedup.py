@@ -15,7 +15,9 @@ Phases (each can be shrunk or skipped by flag):
   cosine >= the embedder's threshold, single linkage, within task), and a pair is predicted duplicate when
   both runs land in one cluster. Pair precision / recall for both embedders at their service thresholds
   (`real_precision_lexical`, `real_recall_lexical`, `real_precision_minilm`, `real_recall_minilm`), the
-  counts per kind and the pairs judged wrong. These are the quality figures to quote.
+  counts per kind and the pairs judged wrong; `real_marked_*` count a pair as predicted only when its runs
+  also share an outcome (the service's duplicate marks, what a dataset build leaves out); beside them the
+  same across tasks and a threshold sweep. These are the quality figures to quote.
 - synthetic runs: `--n` TrajectoryRecords from templates (5,000 tasks x 20 runs at the default 100,000).
   Per task a few plans; each run replays a plan with fresh temp dirs and line numbers (an exact duplicate
   after normalisation), or with one or two edits (a near duplicate), or is a new plan (a distinct run).
@@ -65,6 +67,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from experience.dedup.canonical import outcome_of  # noqa: E402
 from experience.dedup.cluster import Assignment, DedupItem, cluster_items  # noqa: E402
 from experience.dedup.embed import Embedder, get_embedder  # noqa: E402
 from experience.dedup.index import VectorIndex, recall_at_k  # noqa: E402
@@ -438,14 +441,20 @@ def real_pair_scores(
     embedder: Embedder,
     *,
     across_tasks: bool = False,
+    same_outcome: bool = False,
 ) -> dict[str, Any]:
-    """Pair precision / recall of the service's clusters against the hand labels, and the counts per kind."""
+    """Pair precision / recall of the service's clusters against the hand labels, and the counts per kind.
+    With `same_outcome`, a pair is predicted duplicate only when its runs also have the same outcome: what
+    the service marks as a duplicate a dataset build leaves out (`canonical.derive`)."""
     cluster_of = predicted_duplicates(runs, embedder, across_tasks=across_tasks)
+    outcome_of_run = {ref: outcome_of(success=run.success, reward=run.reward) for ref, run in runs.items()}
     counts = {kind: Counter() for kind in PAIR_KINDS}
     wrong = []
     outcome = {(True, True): "tp", (True, False): "fp", (False, True): "fn", (False, False): "tn"}
     for pair in pairs:
-        predicted = cluster_of[pair.a] == cluster_of[pair.b]
+        predicted = cluster_of[pair.a] == cluster_of[pair.b] and (
+            not same_outcome or outcome_of_run[pair.a] == outcome_of_run[pair.b]
+        )
         counts[pair.kind][outcome[predicted, pair.duplicate]] += 1
         if predicted != pair.duplicate:
             wrong.append(f"{outcome[predicted, pair.duplicate]} {pair.kind}: {describe(pair.a)} ~ {describe(pair.b)}")
@@ -493,9 +502,13 @@ def real_pairs_phase() -> dict[str, Any]:
         across = real_pair_scores(pairs, runs, embedder, across_tasks=True)
         scores["across_tasks"] = {key: across[key] for key in ("precision", "recall", "by_kind", "wrong")}
         scores["sweep"] = threshold_sweep(pairs, runs, embedder)
+        marked = real_pair_scores(pairs, runs, embedder, same_outcome=True)
+        scores["marked"] = {key: marked[key] for key in ("precision", "recall", "by_kind", "wrong")}
         log(f"real pairs {name}: {scores}")
         figures[f"real_precision_{name}"] = scores["precision"]
         figures[f"real_recall_{name}"] = scores["recall"]
+        figures[f"real_marked_precision_{name}"] = marked["precision"]
+        figures[f"real_marked_recall_{name}"] = marked["recall"]
         figures[f"real_{name}"] = scores
     return figures
 
