@@ -350,4 +350,4 @@ class DatasetVersion(models.Model):
     def __str__(self) -> str:
         return f"{self.dataset.name} v{self.version}"
 
-from experience.review_models import ReviewItem, ReviewQueue  # noqa: E402, F401 (the review queues' models)
+from experience.review_models import PairwisePreference, ReviewItem, ReviewQueue  # noqa: E402, F401 (review models)

@@ -52,3 +52,22 @@ class ReviewItem(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.trajectory_id} in queue {self.queue_id}"
+
+
+class PairwisePreference(models.Model):
+    """A curator's choice between two runs of the same task: `chosen` did better than `rejected`, and why.
+    The pairwise dataset kind takes these pairs before its automatic ones (success against failure)."""
+
+    task_key = models.CharField(max_length=300, db_index=True)
+    chosen = models.ForeignKey("experience.Trajectory", on_delete=models.CASCADE, related_name="+")
+    rejected = models.ForeignKey("experience.Trajectory", on_delete=models.CASCADE, related_name="+")
+    reason = models.TextField()
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                              related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["chosen", "rejected"], name="preference_once_per_pair")]
+
+    def __str__(self) -> str:
+        return f"{self.chosen_id} over {self.rejected_id}"

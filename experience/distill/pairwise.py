@@ -42,6 +42,11 @@ def task_pairs(task_key: str, task_runs: list[SourceRun], spec: DatasetSpec) -> 
     candidates.sort(
         key=lambda pair: unit_interval(spec.seed, "pair", pair[0].trajectory_id, pair[1].trajectory_id)
     )
+    chosen_first = _preferred_pairs(usable, spec)
+    taken = {(a.trajectory_id, b.trajectory_id) for a, b in chosen_first}
+    candidates = chosen_first + [pair for pair in candidates
+                                 if (pair[0].trajectory_id, pair[1].trajectory_id) not in taken
+                                 and (pair[1].trajectory_id, pair[0].trajectory_id) not in taken]
     group, split = split_for_task(task_key, spec)
     for chosen, rejected in candidates[: spec.max_pairs_per_task]:
         prompt, chosen_turns = _prompt_and_turns(chosen, spec)
@@ -60,6 +65,14 @@ def task_pairs(task_key: str, task_runs: list[SourceRun], spec: DatasetSpec) -> 
             "chosen_reward": run_return(chosen.record),
             "rejected_reward": run_return(rejected.record),
         }
+
+
+def _preferred_pairs(usable: list[SourceRun], spec: DatasetSpec) -> list[tuple[SourceRun, SourceRun]]:
+    """The task's pairs a curator chose (spec.preferences), in the order they were given, among its usable
+    runs: whatever the runs' outcomes, a person's choice comes before success-against-failure."""
+    by_id = {run.trajectory_id: run for run in usable}
+    return [(by_id[chosen], by_id[rejected]) for chosen, rejected in spec.preferences
+            if chosen in by_id and rejected in by_id and chosen != rejected]
 
 
 def _prompt_and_turns(run: SourceRun, spec: DatasetSpec) -> tuple[list[chat.Message], list[chat.Message]]:

@@ -40,6 +40,9 @@ class DatasetSpec:
     - `seed`: drives the split, negative sampling and pair choice; a rebuild with the same seed is identical.
     - `filters`: the caller's record query (task sets, models, dates...). Opaque here, but part of the
       spec's identity, so it is hashed with the rest.
+    - `preferences`: curators' pairwise choices, `[chosen id, rejected id]`, frozen into a pairwise version
+      when it is requested; its pairs come before the automatic ones. Left out of the spec's dict (and so of
+      its hash) when empty, so specs without any keep the identity they had.
     """
 
     kind: str
@@ -54,6 +57,7 @@ class DatasetSpec:
     max_pairs_per_task: int = 8
     seed: int = 0
     filters: dict[str, Any] = field(default_factory=dict)
+    preferences: list[list[str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _check_choice("kind", self.kind, KINDS)
@@ -71,7 +75,10 @@ class DatasetSpec:
         _check_filters(self.filters)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not data["preferences"]:
+            del data["preferences"]
+        return data
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, compact separators, so equal specs give equal bytes."""

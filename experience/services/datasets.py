@@ -74,6 +74,7 @@ from experience.services.dataset_source import (
     stored_run_batches,
 )
 from experience.services.dedup import same_outcome_duplicates
+from experience.services.preferences import pairwise_preferences
 
 log = logging.getLogger("trove.datasets")
 
@@ -134,7 +135,7 @@ def check_spec_matches(spec: DatasetSpec) -> None:
         raise EmptyDatasetError(
             f"{total} runs match the filters but every one is left out ({_exclusions(matching, spec)})"
         )
-    if spec.kind == "pairwise" and not _task_with_both_outcomes(usable):
+    if spec.kind == "pairwise" and not spec.preferences and not _task_with_both_outcomes(usable):
         raise EmptyDatasetError(
             "no task has both a successful and a failed run among the usable runs, so there is no pair"
         )
@@ -241,6 +242,8 @@ def dataset_version_request(
     Version numbers are handed out under a row lock on the dataset, so two requests never share one.
     """
     spec = dataset_spec(dataset)
+    if spec.kind == "pairwise":  # the curators' choices as they stand now, frozen into this version
+        spec = dataclasses.replace(spec, preferences=pairwise_preferences())
     check_spec_matches(spec)
     forced = split_warnings(spec) if force else []
     if not force:

@@ -61,6 +61,7 @@ TABLE: dict[str, dict[str, str]] = {
     "dashboard:trajectory-compare": {"GET": "trajectories:read"},
     "dashboard:clusters": {"GET": "trajectories:read"},
     "dashboard:queues": {"GET": "trajectories:read", "POST": "trajectories:curate"},
+    "dashboard:pairs": {"GET": "trajectories:read", "POST": "trajectories:curate"},
     "dashboard:queue": {"GET": "trajectories:read"},
     "dashboard:queue-next": {"POST": "trajectories:curate"},
     "dashboard:queue-decide": {"POST": "trajectories:curate"},
