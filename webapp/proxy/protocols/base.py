@@ -50,6 +50,23 @@ class SseEvent:
     chunk_index: int  # the chunk that completed it
 
 
+# --- what most protocols share: a `stream` flag and a `model` field in the body, a Bearer key ----------------
+# A protocol module names these as its own (`is_stream = body_stream_flag`); Gemini, whose stream and model
+# live in the URL, and Messages, whose key goes in x-api-key, define their own.
+
+
+def body_stream_flag(body: dict[str, Any], path: str) -> bool:
+    return bool(body.get("stream"))
+
+
+def set_body_model(body: dict[str, Any], model: str) -> None:
+    body["model"] = model
+
+
+def bearer_auth_headers(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def sse_events(chunks: list[bytes]) -> Iterator[SseEvent]:
     """The SSE events in a stream's chunks (events end at a blank line; `data:` lines join with newlines)."""
     parser = SseParser()

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from webapp.proxy.protocols.base import Assembled, sse_bytes
+from webapp.proxy.protocols.base import (
+    Assembled,
+    bearer_auth_headers,
+    body_stream_flag,
+    set_body_model,
+    sse_bytes,
+)
 from webapp.proxy.sse import assemble_stream
 
 NAME = "chat"
@@ -18,16 +24,13 @@ def upstream_path(body: dict[str, Any], stream: bool) -> str:
     return "/chat/completions"
 
 
-def is_stream(body: dict[str, Any], path: str) -> bool:
-    return bool(body.get("stream"))
+is_stream = body_stream_flag
 
 
-def set_model(body: dict[str, Any], model: str) -> None:
-    body["model"] = model
+set_model = set_body_model
 
 
-def auth_headers(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"} if key else {}
+auth_headers = bearer_auth_headers
 
 
 def to_chat_request(body: dict[str, Any]) -> dict[str, Any]:

@@ -17,9 +17,11 @@ from webapp.proxy.protocols.base import (
     ChatStreamState,
     Untranslatable,
     arguments_object,
+    body_stream_flag,
     chat_parts,
     chat_response,
     parse_json_event,
+    set_body_model,
     sse_bytes,
     sse_events,
     text_of,
@@ -39,12 +41,10 @@ def upstream_path(body: dict[str, Any], stream: bool) -> str:
     return "/messages"
 
 
-def is_stream(body: dict[str, Any], path: str) -> bool:
-    return bool(body.get("stream"))
+is_stream = body_stream_flag
 
 
-def set_model(body: dict[str, Any], model: str) -> None:
-    body["model"] = model
+set_model = set_body_model
 
 
 def auth_headers(key: str) -> dict[str, str]:

@@ -15,10 +15,13 @@ from webapp.proxy.protocols.base import (
     Assembled,
     ChatStreamState,
     Untranslatable,
+    bearer_auth_headers,
+    body_stream_flag,
     chat_finish,
     chat_parts,
     chat_response,
     parse_json_event,
+    set_body_model,
     sse_bytes,
     sse_events,
     text_of,
@@ -39,16 +42,13 @@ def upstream_path(body: dict[str, Any], stream: bool) -> str:
     return "/responses"
 
 
-def is_stream(body: dict[str, Any], path: str) -> bool:
-    return bool(body.get("stream"))
+is_stream = body_stream_flag
 
 
-def set_model(body: dict[str, Any], model: str) -> None:
-    body["model"] = model
+set_model = set_body_model
 
 
-def auth_headers(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"} if key else {}
+auth_headers = bearer_auth_headers
 
 
 # --------------------------------------------------------------------------- requests
