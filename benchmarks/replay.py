@@ -7,7 +7,7 @@ context grows by two messages a call (compacted to the system prompt and the las
 calls, as harnesses do), each answered with a tool call, then the command it ran (outputs of 0.2-2 KB, one in
 twenty of 6-30 KB, one in fifteen failing) and an observation; an evaluation at the end. Serves Trove on a
 live server and opens each run's page in headless Chromium (/usr/bin/chromium, --no-sandbox --disable-gpu
---disable-background-networking), `--loads` times, and takes the median of:
+--disable-background-networking), once to warm up and then `--loads` times, the sizes in turns, and takes the median of:
 
 - tti_ms: from navigation until the first steps are visible and `j` works (a step is selected);
 - bytes: bytes transferred before that moment (the document and every resource finished by then);
@@ -153,13 +153,17 @@ def _browse(base: str, runs: dict[int, int], loads: int) -> dict:
         page.fill("input[name=password]", PASSWORD)
         page.click("button[type=submit]")
         page.wait_for_url(f"{base}/")
-        page.goto(f"{base}/trajectories/{next(iter(runs.values()))}/")  # warm the server and the browser cache
-        for size, trajectory_id in runs.items():
-            samples = [_load(page, f"{base}/trajectories/{trajectory_id}/", size) for _ in range(loads)]
+        for size, trajectory_id in runs.items():  # warm the server, its caches and the browser's for each run once
+            _load(page, f"{base}/trajectories/{trajectory_id}/", size)
+        samples: dict[int, list[dict]] = {size: [] for size in runs}
+        for _ in range(loads):  # sizes in turns, so a noisy neighbour hits each alike
+            for size, trajectory_id in runs.items():
+                samples[size].append(_load(page, f"{base}/trajectories/{trajectory_id}/", size))
+        for size, taken in samples.items():
             label = f"{size // 1000}k" if size % 1000 == 0 else str(size)
             for key in ("tti_ms", "bytes", "dom_nodes", "jump_last_ms"):
-                figures[f"{key}_{label}"] = round(statistics.median(s[key] for s in samples), 1)
-            print(f"{size} steps: {samples}", file=sys.stderr, flush=True)
+                figures[f"{key}_{label}"] = round(statistics.median(s[key] for s in taken), 1)
+            print(f"{size} steps: {taken}", file=sys.stderr, flush=True)
         browser.close()
     labels = [f"{s // 1000}k" if s % 1000 == 0 else str(s) for s in runs]
     if len(labels) > 1:
