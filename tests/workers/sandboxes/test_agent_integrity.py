@@ -12,10 +12,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import stat
-import tempfile
 import threading
 import uuid
 
@@ -103,17 +101,6 @@ TAKEOVER = (
     "for i in $(seq 100); do [ -s /tmp/impostor.out ] && break; sleep 0.05; done\n"
     "cat /tmp/impostor.out\n"
 )
-
-
-@pytest.fixture(scope="module")
-def backend():
-    root = tempfile.mkdtemp(prefix="trove-integrity-", dir="/tmp")
-    os.chmod(root, 0o711)
-    local = LocalBackend(root)
-    yield local
-    for handle in local.list({}):
-        local.destroy(handle.name)
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -36,17 +36,6 @@ from workers.sandboxes.local import LocalBackend
 REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(scope="module")
-def backend():
-    root = tempfile.mkdtemp(prefix="trove-sbtest-")
-    os.chmod(root, 0o711)
-    local = LocalBackend(root)
-    yield local
-    for handle in local.list({}):
-        local.destroy(handle.name)
-    shutil.rmtree(root, ignore_errors=True)
-
-
 @pytest.fixture
 def make_sandbox(backend):
     """make_sandbox(**spec_fields) -> a ready handle; every sandbox made is destroyed afterwards."""

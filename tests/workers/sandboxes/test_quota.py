@@ -4,29 +4,15 @@ quota and must be stopped with ENOSPC, with nothing of it on the host disk, and 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import uuid
 
 import pytest
 
 from workers.sandboxes import quota
 from workers.sandboxes.base import SandboxSpec
-from workers.sandboxes.local import LocalBackend
 
 MIB = 1024 * 1024
 WRITE_60_MB = "head -c 60000000 /dev/zero > big; echo \"exit $?\"; stat -c %s big"
-
-
-@pytest.fixture(scope="module")
-def backend():
-    root = tempfile.mkdtemp(prefix="trove-quota-")
-    os.chmod(root, 0o711)
-    local = LocalBackend(root)
-    yield local
-    for handle in local.list({}):
-        local.destroy(handle.name)
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

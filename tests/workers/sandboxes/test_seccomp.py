@@ -13,7 +13,6 @@ import errno
 import json
 import os
 import platform
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -23,7 +22,7 @@ import uuid
 import pytest
 
 from workers.sandboxes.base import SandboxSpec
-from workers.sandboxes.local import DEFAULT_HOST_UID, LocalBackend
+from workers.sandboxes.local import DEFAULT_HOST_UID
 
 # The kernel's syscall numbers (arch/x86/entry/syscalls/syscall_64.tbl; include/uapi/asm-generic/unistd.h).
 SYSCALLS = {
@@ -134,17 +133,6 @@ ALLOWED_WITHOUT_FILTER = [
     "setns", "name_to_handle_at", "clock_settime", "personality-no-aslr", "personality-exec-data", "clone3",
     "pidfd_getfd", "process_madvise",
 ] + (["modify_ldt"] if ARCH == "x86_64" else [])
-
-
-@pytest.fixture(scope="module")
-def backend():
-    root = tempfile.mkdtemp(prefix="trove-seccomp-")
-    os.chmod(root, 0o711)
-    local = LocalBackend(root)
-    yield local
-    for handle in local.list({}):
-        local.destroy(handle.name)
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
