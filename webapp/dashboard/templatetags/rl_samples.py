@@ -16,8 +16,8 @@ from experience.services.rl_samples import assembly_summary, run_samples, sample
 from webapp.rollouts.models import Rollout
 
 register = template.Library()
-JOB_RUNS = 200
-RUN_CALLS = 2000  # a run with more model calls is assembled through the API, not on each page load
+JOB_RUNS = 20  # the job page is polled while a job runs: a bounded sample of its latest rollouts
+RUN_CALLS = 100  # a longer run is assembled through the samples API, not on each page load (the run page must stay fast)
 TRAINING = (Rollout.Status.SUCCEEDED, Rollout.Status.FAILED)
 
 
