@@ -25,6 +25,8 @@ MESSAGE = pa.struct(
 )
 MESSAGES = pa.list_(MESSAGE)
 RUBRIC = pa.struct([(label, pa.bool_()) for label in LABELS])
+# Curators' step labels (experience.services.step_labels): which step, the label, the note.
+STEP_LABELS = pa.list_(pa.struct([("step", pa.int32()), ("label", pa.string()), ("note", pa.string())]))
 STATS = pa.struct([(key, pa.int64()) for key in STATS_KEYS])
 
 _IDENTITY = [
@@ -50,6 +52,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("reward", pa.float64()),
             ("rubric", RUBRIC),
             ("stats", STATS),
+            ("step_labels", STEP_LABELS),
         ]
     ),
     "outcome": pa.schema(
@@ -62,6 +65,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("reward", pa.float64()),
             ("rubric", RUBRIC),
             ("stats", STATS),
+            ("step_labels", STEP_LABELS),
         ]
     ),
     "pairwise": pa.schema(

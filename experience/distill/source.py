@@ -33,6 +33,8 @@ class SourceRun:
     outcome (or is gone), so the mark does not let a build leave this run out. `task_set` and `task_key`
     come from the record.
 
+    `step_labels`: curators' labels on its steps, written into its value and outcome rows.
+
     `digest`: the run's decisions as the store keeps them (`digest.RunDigest`), when it
     was read instead of the run's steps (then `record.steps` is empty); value rows are made from it.
     """
@@ -44,6 +46,8 @@ class SourceRun:
     is_duplicate: bool = False
     digest: RunDigest | None = None
     duplicate_outcome_differs: bool = False
+    # Curators' step labels on the run: (step index, label, note), in step order (services.step_labels).
+    step_labels: tuple[tuple[int, str, str], ...] = ()
 
     @property
     def task_key(self) -> str:

@@ -109,4 +109,5 @@ def _base_fields(run: SourceRun, spec: DatasetSpec, kind: str) -> Row:
         "task_set": run.record.task_set,
         "group_key": group,
         "split": split,
+        "step_labels": [{"step": step, "label": label, "note": note} for step, label, note in run.step_labels],
     }

@@ -47,9 +47,9 @@ from experience.distill.selection import exclusion_reason
 from experience.distill.source import SourceRun
 from experience.distill.spec import DatasetSpec
 from experience.errors import ValidationError
-from experience.models import Blob, Step, Trajectory, TrajectoryDigest
+from experience.models import Blob, Label, Step, Trajectory, TrajectoryDigest
 from experience.records import MessageRecord, StepRecord, TrajectoryRecord
-from experience.services.step_labels import labelled_runs_excluded
+from experience.services.step_labels import HUMAN, labelled_runs_excluded
 from experience.steps import (
     CONTEXT,
     ContextMessages,
@@ -281,6 +281,7 @@ def stored_run_batches(
         # One batch ahead: the next batch's steps and blobs are fetched while this one is rebuilt.
         pending: tuple[list[dict[str, Any]], list[StoredRun], Future[_Fetched]] | None = None
         for batch in _batches(rows):
+            _attach_step_labels(batch)
             bare = [_stored_run(row, None) for row in batch]
             needed = [run.row_id for run in bare if exclusion_reason(run, spec) is None]
             instructions = {row["id"]: row["instruction"] for row in batch} if digests else None
@@ -290,6 +291,17 @@ def stored_run_batches(
             pending = (batch, bare, fetched)
         if pending is not None:
             yield _finished(*pending, progress)
+
+
+def _attach_step_labels(batch: list[dict[str, Any]]) -> None:
+    """Put each run's curator step labels on its row (one query per batch), for its dataset rows."""
+    found: dict[int, list[tuple[int, str, str]]] = {}
+    labels = (Label.objects.filter(trajectory_id__in=[row["id"] for row in batch], source=HUMAN, step__isnull=False)
+              .values_list("trajectory_id", "step__seq", "name", "value").order_by("trajectory_id", "step__seq", "name"))
+    for trajectory_id, seq, name, value in labels:
+        found.setdefault(trajectory_id, []).append((seq, name, str((value or {}).get("note", ""))))
+    for row in batch:
+        row["step_labels"] = tuple(found.get(row["id"], ()))
 
 
 def _batches(rows: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
@@ -545,6 +557,7 @@ def _stored_run(row: Mapping[str, Any], steps: _RunSteps | None) -> StoredRun:
         curation=row["curation_status"],
         is_duplicate=row["is_duplicate"],
         duplicate_outcome_differs=_duplicate_outcome_differs(row),
+        step_labels=row.get("step_labels", ()),
         row_id=row["id"],
         step_ids=tuple(steps.ids) if steps is not None else (),
         steps_sha256=steps_hash,
@@ -561,6 +574,7 @@ def _digested_run(row: Mapping[str, Any], kept: _KeptDigest) -> StoredRun:
         is_duplicate=row["is_duplicate"],
         duplicate_outcome_differs=_duplicate_outcome_differs(row),
         digest=RunDigest.decode(kept.data),
+        step_labels=row.get("step_labels", ()),
         row_id=row["id"],
         steps_sha256=kept.steps_sha256,
         digest_steps=kept.n_steps,

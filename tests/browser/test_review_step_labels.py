@@ -60,3 +60,23 @@ def test_reject_asks_for_a_reason_then_approve(logged_in_page, live_server):
     page.click("#approve-form button[type=submit]")
     page.wait_for_selector("#curation-status >> text=approved")
     assert "never ran the tests" in page.locator("#curation-history").inner_text()
+
+
+def test_a_step_label_given_on_the_run_page_appears_in_a_built_dataset_row(logged_in_page, live_server):
+    from tests.experience.services.dataset_store import rows_of, store_tasks
+
+    runs = store_tasks([f"task-{n}" for n in range(6)], good=1, bad=1)
+    page = logged_in_page
+    page.goto(f"{live_server.url}/trajectories/{runs[0].pk}/")
+    page.locator("#step-1").wait_for()
+    page.locator("#step-1").click()
+    page.wait_for_function("document.getElementById('step-label-seq').value === '1'")
+    page.select_option("#step-label-name", "wrong-tool")
+    page.fill("#step-label-form input[name=note]", "grep would have found it")
+    page.click("#step-label-form button[type=submit]")
+    page.wait_for_selector("#step-labels li[data-seq='1'][data-label='wrong-tool']")
+
+    dataset = datasets.dataset_create(name="outcome-labelled", kind="outcome")
+    version = datasets.dataset_version_build(version_id=datasets.dataset_version_request(dataset=dataset, force=True).pk)
+    (row,) = [r for r in rows_of(version) if r["trajectory_id"] == str(runs[0].pk)]
+    assert row["step_labels"] == [{"step": 1, "label": "wrong-tool", "note": "grep would have found it"}]

@@ -79,3 +79,26 @@ def test_the_explorer_filter_finds_runs_with_a_step_label(curator):
     found = trajectory_search(filters=filters_from_params({"step_label": "hallucinated-output"}))
 
     assert list(found.values_list("pk", flat=True)) == [labelled]
+
+
+@pytest.fixture
+def dataset_dir(settings, tmp_path):
+    settings.TROVE_DATASET_DIR = tmp_path / "datasets"
+
+
+@pytest.mark.parametrize("kind", ["outcome", "value"])
+def test_a_step_label_is_a_column_of_the_runs_dataset_rows(kind, curator, dataset_dir):
+    from experience.services import datasets
+    from tests.experience.services.dataset_store import rows_of, store_tasks
+
+    runs = store_tasks([f"task-{n}" for n in range(6)], good=1, bad=1)
+    step_label_add(trajectory_id=runs[0].pk, seq=1, name="wrong-tool", note="sed, not the editor", actor=curator)
+    dataset = datasets.dataset_create(name=f"labelled-{kind}", kind=kind)
+
+    version = datasets.dataset_version_build(version_id=datasets.dataset_version_request(dataset=dataset, force=True).pk)
+
+    rows = rows_of(version)
+    labelled = [row for row in rows if row["trajectory_id"] == str(runs[0].pk)]
+    assert labelled and all(row["step_labels"] == [{"step": 1, "label": "wrong-tool", "note": "sed, not the editor"}]
+                            for row in labelled)
+    assert all(row["step_labels"] == [] for row in rows if row["trajectory_id"] != str(runs[0].pk))
