@@ -177,3 +177,31 @@ def test_a_preset_whose_bundle_is_not_installed_is_refused_before_a_sandbox_is_t
     assert status == Rollout.Status.INFRA_ERROR
     assert "harness_not_installed" in rollout.error and "manage.py harness install opencode@0.0.1" in rollout.error
     assert bundle_backend.list({}) == []
+
+
+def test_manage_py_demo_runs_a_preset_and_its_summary_names_harness_version_and_protocol(tmp_path):
+    """`manage.py demo --harness codex` as a newcomer runs it: the embedded default (SQLite, in-process worker),
+    the installed bundle, Codex speaking Responses to the proxy, which translates for the chat demo model."""
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    preset, version = require_bundle("codex")
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")}
+    env.update(TROVE_VAR_DIR=str(tmp_path / "var"), DEMO_SERVE="0", TROVE_PROXY_PORT="0", TROVE_DEMO_MODEL_PORT="0",
+               TROVE_HARNESS_DIR=str(settings.TROVE_HARNESS_DIR), DJANGO_SETTINGS_MODULE="webapp.settings")
+
+    result = subprocess.run([sys.executable, "manage.py", "demo", "--harness", "codex", "--samples", "1", "--tasks", "2"],
+                            cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert f"Harness Codex CLI (codex) version {version}, speaking the OpenAI Responses protocol" in result.stdout
+    assert "2 rollouts" in result.stdout and "0 infra errors" in result.stdout
+    database = sqlite3.connect(tmp_path / "var" / "trove.sqlite3")
+    harnesses = {row[0] for row in database.execute("select harness from experience_trajectory")}
+    assert harnesses == {f"codex@{version}"}
+    calls = database.execute("select count(*) from experience_step where kind = 'model_call'").fetchone()[0]
+    assert calls >= 4
