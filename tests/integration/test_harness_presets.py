@@ -97,7 +97,8 @@ def preset_job(task_set, fleet, model, harness: str, *, seed_sample: int = 0, **
     base_url = model.url.removesuffix("/v1") + "/v1beta" if preset.protocol == "gemini" else model.url
     endpoint = make_endpoint(base_url, model_names=[MODEL], protocol=preset.protocol)
     options.setdefault("max_steps", 20)
-    options.setdefault("wall_time_s", 300)
+    # A harness with no turn limit of its own (codex, opencode) runs a wandering demo sample to the wall time.
+    options.setdefault("wall_time_s", 150)
     return job_create(task_set=task_set, fleet=fleet, endpoint=endpoint, model_name=MODEL,
                       enqueue=lambda rollout_id: None, harness=presets.canonical(harness),
                       task_keys=["slugify"], **options)
