@@ -66,12 +66,23 @@ def sft_rows(runs: Iterable[SourceRun], spec: DatasetSpec) -> Iterator[Row]:
             yield row
 
 
+# A curator's label that ends a run's trained prefix at the step it marks, whatever the run's outcome.
+PREFIX_ENDING_LABELS = ("wrong-tool",)
+
+
+def labelled_harmful_step(run: SourceRun) -> int | None:
+    """The first step a curator labelled as ending the trained prefix (PREFIX_ENDING_LABELS), if any."""
+    marked = [step for step, label, _ in run.step_labels if label in PREFIX_ENDING_LABELS]
+    return min(marked) if marked else None
+
+
 def run_sft_row(run: SourceRun, spec: DatasetSpec) -> Row | None:
     record = run.record
     decisions = decision_points(record)
     if not decisions:
         return None
-    harmful = first_harmful_step(record)
+    found = [step for step in (first_harmful_step(record), labelled_harmful_step(run)) if step is not None]
+    harmful = min(found) if found else None
     cutoff = _harmful_decision(decisions, harmful)
     entries = chat.conversation(record, decisions)
     messages = weighted_messages(entries, cutoff, spec.sft_mode)

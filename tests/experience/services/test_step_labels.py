@@ -102,3 +102,21 @@ def test_a_step_label_is_a_column_of_the_runs_dataset_rows(kind, curator, datase
     assert labelled and all(row["step_labels"] == [{"step": 1, "label": "wrong-tool", "note": "sed, not the editor"}]
                             for row in labelled)
     assert all(row["step_labels"] == [] for row in rows if row["trajectory_id"] != str(runs[0].pk))
+
+
+def test_a_wrong_tool_label_ends_the_trained_prefix_of_an_sft_row(curator, dataset_dir):
+    from experience.services import datasets
+    from tests.experience.services.dataset_store import rows_of, store_tasks
+
+    runs = store_tasks([f"task-{n}" for n in range(6)], good=1, bad=0)  # successes: no harmful step of their own
+    labelled = runs[0]
+    step_label_add(trajectory_id=labelled.pk, seq=2, name="wrong-tool", actor=curator)
+    dataset = datasets.dataset_create(name="sft-labelled", kind="sft")
+
+    version = datasets.dataset_version_build(version_id=datasets.dataset_version_request(dataset=dataset, force=True).pk)
+
+    rows = {row["trajectory_id"]: row for row in rows_of(version)}
+    others = [row for key, row in rows.items() if key != str(labelled.pk)]
+    assert all(row["harmful_step"] is None for row in others)
+    row = rows[str(labelled.pk)]
+    assert row["harmful_step"] == 2 and row["trained_turns"] < max(r["trained_turns"] for r in others)
