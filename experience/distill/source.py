@@ -48,6 +48,8 @@ class SourceRun:
     duplicate_outcome_differs: bool = False
     # Curators' step labels on the run: (step index, label, note), in step order (services.step_labels).
     step_labels: tuple[tuple[int, str, str], ...] = ()
+    # Curators' verdicts on rubric labels, (label, value): they win over the detectors in the rows.
+    rubric_overrides: tuple[tuple[str, bool], ...] = ()
 
     @property
     def task_key(self) -> str:

@@ -70,6 +70,8 @@ def run_value_rows(run: SourceRun, spec: DatasetSpec) -> Iterator[Row]:
     for inputs in digest.inputs(spec.context_budget_tokens, record.instruction):
         target = target_value(reward, inputs["step_index"], inputs["step_count"], spec.gamma)
         inputs.update(target_value=target, outcome=outcome, reward=reward)
+        if run.rubric_overrides:
+            inputs["rubric"] = {**inputs["rubric"], **dict(run.rubric_overrides)}
         yield base | inputs
 
 
@@ -95,7 +97,7 @@ def run_outcome_row(run: SourceRun, spec: DatasetSpec) -> Row | None:
         "messages": cut.messages,
         "outcome": bool(run_success(record)),
         "reward": run_return(record),
-        "rubric": scored.run_labels,
+        "rubric": {**scored.run_labels, **dict(run.rubric_overrides)},
         "stats": decision_stats(rubric_counts(scored.final_state), cut, actions_before=len(decisions)),
     }
 

@@ -294,14 +294,22 @@ def stored_run_batches(
 
 
 def _attach_step_labels(batch: list[dict[str, Any]]) -> None:
-    """Put each run's curator step labels on its row (one query per batch), for its dataset rows."""
+    """Put each run's curator step labels and rubric verdicts on its row (two queries per batch), for its
+    dataset rows."""
     found: dict[int, list[tuple[int, str, str]]] = {}
     labels = (Label.objects.filter(trajectory_id__in=[row["id"] for row in batch], source=HUMAN, step__isnull=False)
               .values_list("trajectory_id", "step__seq", "name", "value").order_by("trajectory_id", "step__seq", "name"))
     for trajectory_id, seq, name, value in labels:
         found.setdefault(trajectory_id, []).append((seq, name, str((value or {}).get("note", ""))))
+    overrides: dict[int, list[tuple[str, bool]]] = {}
+    verdicts = (Label.objects.filter(trajectory_id__in=[row["id"] for row in batch], source=HUMAN, step__isnull=True)
+                .values_list("trajectory_id", "name", "value").order_by("trajectory_id", "name"))
+    for trajectory_id, name, value in verdicts:
+        if isinstance(value, dict) and "override" in value:
+            overrides.setdefault(trajectory_id, []).append((name, bool(value["override"])))
     for row in batch:
         row["step_labels"] = tuple(found.get(row["id"], ()))
+        row["rubric_overrides"] = tuple(overrides.get(row["id"], ()))
 
 
 def _batches(rows: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
@@ -558,6 +566,7 @@ def _stored_run(row: Mapping[str, Any], steps: _RunSteps | None) -> StoredRun:
         is_duplicate=row["is_duplicate"],
         duplicate_outcome_differs=_duplicate_outcome_differs(row),
         step_labels=row.get("step_labels", ()),
+        rubric_overrides=row.get("rubric_overrides", ()),
         row_id=row["id"],
         step_ids=tuple(steps.ids) if steps is not None else (),
         steps_sha256=steps_hash,
@@ -575,6 +584,7 @@ def _digested_run(row: Mapping[str, Any], kept: _KeptDigest) -> StoredRun:
         duplicate_outcome_differs=_duplicate_outcome_differs(row),
         digest=RunDigest.decode(kept.data),
         step_labels=row.get("step_labels", ()),
+        rubric_overrides=row.get("rubric_overrides", ()),
         row_id=row["id"],
         steps_sha256=kept.steps_sha256,
         digest_steps=kept.n_steps,

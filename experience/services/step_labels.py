@@ -105,3 +105,32 @@ def _step(trajectory_id: int, seq: int) -> Step:
     if step is None:
         raise NotFound(f"run {trajectory_id} has no step {seq}", field="seq")
     return step
+
+
+# --- rubric overrides ----------------------------------------------------------------------------------------
+
+
+def rubric_override(*, trajectory_id: int, name: str, value: bool, reason: str, actor: Any = None) -> Label:
+    """A curator's verdict on one of the run's rubric labels (experience.distill.rubric.LABELS): a human Label
+    without a step, `{"override": value}`, and a `rubric_override` CurationEvent. It wins over the detector in
+    dataset rows. Giving another verdict replaces it. A reason is required."""
+    from experience.distill.rubric import LABELS
+
+    reason = reason.strip()
+    if name not in LABELS:
+        raise ValidationError(f"label: {name!r} is not a rubric label ({', '.join(LABELS)})", field="label")
+    if not reason:
+        raise ValidationError("reason: say why the rubric is wrong here", field="reason")
+    if not Trajectory.objects.filter(pk=trajectory_id).exists():
+        raise NotFound(f"run {trajectory_id} does not exist", field="trajectory")
+    with transaction.atomic():
+        found = Label.objects.filter(trajectory_id=trajectory_id, source=HUMAN, step__isnull=True, name=name).first()
+        before = {} if found is None else {"label": name, "override": found.value.get("override")}
+        if found is None:
+            found = Label(trajectory_id=trajectory_id, source=HUMAN, name=name)
+        found.value = {"override": bool(value), "reason": reason, "by": getattr(actor, "username", "")}
+        found.save()
+        CurationEvent.objects.create(trajectory_id=trajectory_id, actor_id=getattr(actor, "pk", None),
+                                     action="rubric_override", before=before,
+                                     after={"label": name, "override": bool(value)}, reason=reason)
+    return found

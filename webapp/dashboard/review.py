@@ -13,10 +13,17 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from experience.distill.rubric import LABELS as RUBRIC_LABELS
 from experience.errors import TroveError
 from experience.models import Trajectory
 from experience.services.curation import ACTIONS, trajectories_curate
-from experience.services.step_labels import step_label_add, step_label_remove, step_label_set, step_labels_of
+from experience.services.step_labels import (
+    rubric_override,
+    step_label_add,
+    step_label_remove,
+    step_label_set,
+    step_labels_of,
+)
 from webapp.access.permissions import scope_required
 from webapp.api.ranges import ID_MAX
 from webapp.dashboard.forms import form_errors
@@ -101,6 +108,25 @@ def step_label(request: HttpRequest, trajectory_id: int) -> HttpResponse:
     return _answer(request, wants_json, run.pk, data["seq"], ok=f"{data['label']} {verb} step {data['seq']}.")
 
 
+@scope_required("trajectories", POST="trajectories:curate")
+@require_POST
+def rubric_override_view(request: HttpRequest, trajectory_id: int) -> HttpResponse:
+    """A curator's verdict on one rubric label of the run (it wins in datasets); a reason is required."""
+    run = _run_or_404(trajectory_id)
+    value = request.POST.get("value")
+    if value not in ("true", "false"):
+        messages.error(request, "value: true or false")
+        return redirect(_run_url(run.pk))
+    try:
+        rubric_override(trajectory_id=run.pk, name=request.POST.get("label", ""), value=value == "true",
+                        reason=request.POST.get("reason", ""), actor=request.user)
+    except TroveError as error:
+        messages.error(request, error.message)
+    else:
+        messages.success(request, f"Rubric label {request.POST['label']} set to {value} for run {run.pk}.")
+    return redirect(_run_url(run.pk))
+
+
 def _answer(request, wants_json: bool, run_id: int, seq: int | None, *, ok: str = "", error: str = "") -> HttpResponse:
     if wants_json:
         return JsonResponse({"ok": not error, "message": error or ok, "labels": step_labels_of(trajectory_id=run_id)},
@@ -115,4 +141,5 @@ def _answer(request, wants_json: bool, run_id: int, seq: int | None, *, ok: str 
 def run_review_context(*, trajectory: Trajectory, user) -> dict:
     """What the run page's review panel reads: the label set, the run's step labels, the curate controls."""
     return {"review_labels": step_label_set(), "review_step_labels": step_labels_of(trajectory_id=trajectory.pk),
-            "review_can_curate": user.has_perm("experience.change_trajectory"), "review_actions": RUN_ACTIONS}
+            "review_can_curate": user.has_perm("experience.change_trajectory"), "review_actions": RUN_ACTIONS,
+            "review_rubric_labels": RUBRIC_LABELS}

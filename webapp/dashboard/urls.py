@@ -30,6 +30,7 @@ urlpatterns = [
     path("trajectories/<int:trajectory_id>/", views.trajectory_detail, name="trajectory"),
     path("trajectories/<int:trajectory_id>/review/", review.run_curate, name="run-curate"),
     path("trajectories/<int:trajectory_id>/step-label/", review.step_label, name="step-label"),
+    path("trajectories/<int:trajectory_id>/rubric-override/", review.rubric_override_view, name="rubric-override"),
     path("queues/", queues.queue_list, name="queues"),
     path("pairs/", pairs.pairs, name="pairs"),
     path("queues/<int:queue_id>/", queues.queue_detail, name="queue"),

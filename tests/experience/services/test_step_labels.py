@@ -120,3 +120,26 @@ def test_a_wrong_tool_label_ends_the_trained_prefix_of_an_sft_row(curator, datas
     assert all(row["harmful_step"] is None for row in others)
     row = rows[str(labelled.pk)]
     assert row["harmful_step"] == 2 and row["trained_turns"] < max(r["trained_turns"] for r in others)
+
+
+def test_a_rubric_override_needs_a_reason_is_an_event_and_wins_in_dataset_rows(curator, dataset_dir):
+    from experience.distill.rubric import LABELS
+    from experience.services import datasets
+    from experience.services.step_labels import rubric_override
+    from tests.experience.services.dataset_store import rows_of, store_tasks
+
+    runs = store_tasks([f"task-{n}" for n in range(6)], good=1, bad=1)
+    name = LABELS[0]
+    with pytest.raises(ValidationError, match="say why"):
+        rubric_override(trajectory_id=runs[0].pk, name=name, value=True, reason="")
+    with pytest.raises(ValidationError, match="not a rubric label"):
+        rubric_override(trajectory_id=runs[0].pk, name="made-up", value=True, reason="x")
+    rubric_override(trajectory_id=runs[0].pk, name=name, value=True, reason="the detector missed it", actor=curator)
+    dataset = datasets.dataset_create(name="overridden", kind="outcome")
+
+    version = datasets.dataset_version_build(version_id=datasets.dataset_version_request(dataset=dataset, force=True).pk)
+
+    rows = {row["trajectory_id"]: row for row in rows_of(version)}
+    assert rows[str(runs[0].pk)]["rubric"][name] is True
+    assert rows[str(runs[0].pk)]["step_labels"] == []  # a verdict is not a step label
+    assert CurationEvent.objects.get(action="rubric_override").reason == "the detector missed it"

@@ -58,6 +58,7 @@ TABLE: dict[str, dict[str, str]] = {
     "dashboard:trajectory": {"GET": "trajectories:read"},
     "dashboard:run-curate": {"POST": "trajectories:curate"},
     "dashboard:step-label": {"POST": "trajectories:curate"},
+    "dashboard:rubric-override": {"POST": "trajectories:curate"},
     "dashboard:trajectory-compare": {"GET": "trajectories:read"},
     "dashboard:clusters": {"GET": "trajectories:read"},
     "dashboard:queues": {"GET": "trajectories:read", "POST": "trajectories:curate"},

@@ -71,3 +71,16 @@ def test_a_reader_sees_labels_but_no_controls_and_cannot_post():
 
     assert 'data-label="good-step"' in page and 'id="step-label-form"' not in page
     assert refused.status_code == 403 and Label.objects.filter(source="human").count() == 1
+
+
+def test_a_rubric_override_from_the_run_page(curator):
+    from experience.distill.rubric import LABELS
+
+    (run,) = stored(run_record())
+
+    curator.post(f"/trajectories/{run}/rubric-override/", {"label": LABELS[0], "value": "false", "reason": ""})
+    assert not Label.objects.filter(source="human").exists()
+    curator.post(f"/trajectories/{run}/rubric-override/", {"label": LABELS[0], "value": "false", "reason": "a false alarm"})
+
+    assert Label.objects.get(source="human", step__isnull=True).value["override"] is False
+    assert 'id="rubric-override-form"' in curator.get(f"/trajectories/{run}/").content.decode()
