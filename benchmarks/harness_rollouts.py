@@ -54,6 +54,9 @@ def main() -> None:
     parser.add_argument("--presets", default="mini-swe-agent,opencode,codex,claude-code,qwen-code,gemini-cli")
     parser.add_argument("--rollouts", type=int, default=20)
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--wall-time", type=int, default=300,
+                        help="each rollout's wall-time budget, s (a harness with no turn limit runs a wandering "
+                             "demo sample to it)")
     parser.add_argument("--keep-db", action="store_true")
     args = parser.parse_args()
     import django
@@ -145,7 +148,7 @@ def make_job(preset, version: str, model_url: str, args: argparse.Namespace):
     keys = keys[: min(len(keys), args.rollouts)]
     samples = -(-args.rollouts // len(keys))
     job = job_create(task_set=task_set, fleet=fleet, endpoint=endpoint, model_name=MODEL, samples_per_task=samples,
-                     task_keys=keys, max_steps=20, wall_time_s=300, harness=f"{preset.name}@{version}",
+                     task_keys=keys, max_steps=20, wall_time_s=args.wall_time, harness=f"{preset.name}@{version}",
                      concurrency=args.concurrency, enqueue=lambda rollout_id: None)
     extra = list(job.rollouts.order_by("pk").values_list("pk", flat=True))[args.rollouts:]
     job.rollouts.filter(pk__in=extra).delete()  # exactly --rollouts
