@@ -122,8 +122,15 @@ def carried(step: StepRecord) -> tuple:
     if step.kind == "command":
         return step.kind, step.command, step.output, step.exit_code
     if step.kind == "tool_call":
-        return step.kind, [tool_call_parts(c)[1:] for c in step.tool_calls or []]
+        return step.kind, [atif_arguments(*tool_call_parts(c)[1:]) for c in step.tool_calls or []]
     return step.kind, step.text
+
+
+def atif_arguments(name: str, arguments):
+    """ATIF's arguments are an object: a freeform text argument (Codex's apply_patch) travels as {"input": text}."""
+    if isinstance(arguments, str) and arguments:
+        return name, {"input": arguments}
+    return name, arguments
 
 
 def export_file(record: TrajectoryRecord, path: Path) -> Path:

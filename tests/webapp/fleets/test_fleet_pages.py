@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from tests.webapp.fleets.fleet_factories import make_fleet, make_template, warm_rows
 from webapp.access.roles import role_groups_sync
+from webapp.dashboard.confirm import CONFIRMED
 from webapp.fleets import services
 from webapp.fleets.models import Fleet, Sandbox, SandboxEvent
 
@@ -118,7 +119,10 @@ def test_scale_drain_and_move_from_the_fleet_page(ops):
     fleet = make_fleet(min_warm=0, max_warm=2, max_total=4)
     v2 = services.template_revise(template=fleet.template, pids=64)
 
-    ops.post(f"/fleets/{fleet.pk}/drain/")
+    asked = ops.post(f"/fleets/{fleet.pk}/drain/").content.decode()  # drain asks first, naming what it does
+    fleet.refresh_from_db()
+    assert fleet.status == Fleet.Status.ACTIVE and "Drain the fleet" in asked
+    ops.post(f"/fleets/{fleet.pk}/drain/", {"confirmed": CONFIRMED})
     fleet.refresh_from_db()
     assert fleet.status == Fleet.Status.DRAINING
     page = ops.post(f"/fleets/{fleet.pk}/scale/", {"min_warm": 1, "max_warm": 3, "max_total": 6,
