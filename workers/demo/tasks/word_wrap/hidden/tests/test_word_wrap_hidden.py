@@ -18,7 +18,7 @@ class WrapTest(unittest.TestCase):
         self.assertEqual(wrap("ab cd ef", 5), ["ab cd", "ef"])
         for width in range(3, 30):
             lines = wrap(TEXT, width)
-            for line, following in zip(lines, lines[1:]):
+            for line, following in zip(lines, lines[1:], strict=False):
                 self.assertGreater(len(line) + 1 + len(following.split()[0]), width)
 
 if __name__ == "__main__":
