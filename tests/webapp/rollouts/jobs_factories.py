@@ -116,3 +116,28 @@ def celery_queue():
     yield lambda: [json.loads(m)["headers"] for m in client.lrange(queue, 0, -1)]
     client.delete(queue)
     app.conf.task_default_queue = previous
+
+
+def run_together(ids: list[int], action: Callable[[int], object], *, timeout: float = 30) -> None:
+    """Call `action(id)` for every id at once, each in its own thread (so on its own database connection),
+    released together by a barrier; an error in any thread is raised here, in the test's."""
+    from django.db import connection
+
+    barrier = threading.Barrier(len(ids))
+    errors: list[BaseException] = []
+
+    def run(one: int) -> None:
+        try:
+            barrier.wait(timeout=timeout)
+            action(one)
+        except BaseException as error:  # surfaced below, in the test's thread
+            errors.append(error)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(one,)) for one in ids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=2 * timeout)
+    assert not errors, errors

@@ -5,17 +5,15 @@ once. The same limit against real Celery worker processes: tests/integration/tes
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from experience.models import Trajectory
 from experience.records import TrajectoryRecord
 from experience.services.ingest import trajectory_open
-from tests.webapp.rollouts.jobs_factories import Enqueued, drive, make_job
+from tests.webapp.rollouts.jobs_factories import Enqueued, drive, make_job, run_together
 from webapp.rollouts.models import Rollout, RolloutJob
 from webapp.rollouts.services import (
     jobs_dispatch_waiting,
@@ -109,26 +107,13 @@ def test_starts_racing_from_many_connections_never_exceed_the_limit(limit):
 
 
 def _start_together(rollout_ids: list[int]) -> list[int]:
-    barrier = threading.Barrier(len(rollout_ids))
     started: list[int] = []
-    errors: list[BaseException] = []
 
-    def run(rollout_id: int) -> None:
-        try:
-            barrier.wait(timeout=30)
-            if rollout_start(rollout_id=rollout_id, worker=f"w{rollout_id}") is not None:
-                started.append(rollout_id)
-        except BaseException as error:  # surfaced below, in the test's thread
-            errors.append(error)
-        finally:
-            connection.close()
+    def start(rollout_id: int) -> None:
+        if rollout_start(rollout_id=rollout_id, worker=f"w{rollout_id}") is not None:
+            started.append(rollout_id)
 
-    threads = [threading.Thread(target=run, args=(rollout_id,)) for rollout_id in rollout_ids]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not errors, errors
+    run_together(rollout_ids, start)
     return started
 
 

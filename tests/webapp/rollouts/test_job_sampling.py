@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection
 
-from tests.webapp.rollouts.jobs_factories import Enqueued, drive, finish, make_job, samples_per_task
+from tests.webapp.rollouts.jobs_factories import (
+    Enqueued,
+    drive,
+    finish,
+    make_job,
+    run_together,
+    samples_per_task,
+)
 from webapp.rollouts.models import Rollout, RolloutJob
 from webapp.rollouts.selectors import job_budget, job_progress
 from webapp.rollouts.services import job_plan_next, rollout_start
@@ -161,21 +165,7 @@ def test_two_rollouts_finishing_at_the_same_moment_never_overspend_the_budget():
 def _finish_together(rollout_ids: list[int], enqueued: Enqueued) -> None:
     from webapp.rollouts.services import rollout_finish
 
-    barrier = threading.Barrier(len(rollout_ids))
-    errors: list[BaseException] = []
+    def fail(rollout_id: int) -> None:
+        assert rollout_finish(rollout_id=rollout_id, worker=f"w{rollout_id}", status=R.FAILED, enqueue=enqueued)
 
-    def run(rollout_id: int) -> None:
-        try:
-            barrier.wait(timeout=10)
-            assert rollout_finish(rollout_id=rollout_id, worker=f"w{rollout_id}", status=R.FAILED, enqueue=enqueued)
-        except BaseException as error:  # surfaced below, in the test's thread
-            errors.append(error)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(rollout_id,)) for rollout_id in rollout_ids]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert not errors, errors
+    run_together(rollout_ids, fail, timeout=10)
