@@ -16,7 +16,7 @@ import pytest
 
 from experience.dedup.embed import get_embedder
 from experience.dedup.signature import action_sequence
-from tests.shared_paths import FIXTURES_DIR, REPO
+from tests.shared_paths import REPO
 
 BENCHMARK = REPO / "benchmarks" / "dedup.py"
 LABELS = REPO / "tests" / "fixtures" / "dedup" / "pair_labels.jsonl"
@@ -26,11 +26,6 @@ LABELS = REPO / "tests" / "fixtures" / "dedup" / "pair_labels.jsonl"
 # fails on two.
 LEXICAL_PRECISION_FLOOR = 0.9355 - 0.03
 LEXICAL_RECALL_FLOOR = 0.9062 - 0.035
-
-pytestmark = pytest.mark.skipif(
-    not (FIXTURES_DIR / "swe-agent").is_dir(), reason=f"shared trajectory fixtures not found at {FIXTURES_DIR}"
-)
-
 
 @pytest.fixture(scope="module")
 def bench():
