@@ -33,7 +33,9 @@ def frozen(process):
     """The worker process stopped for the block: its threads (harness, heartbeat, record catch-up) write
     nothing until it goes on. The proxy keeps recording into its Redis stream, which only the worker reads.
     A statement (a COMMIT) the worker sent just before it stopped still runs on the server: the block starts
-    once no other session of the database is running one (and the test checks the rows did not move)."""
+    once no other session of the database is running one (and the test checks the rows did not move).
+    A session waiting on its client (a COPY waiting for rows, a result waiting to be read: the frozen worker
+    sends and reads nothing) or on a lock cannot finish meanwhile, so it does not count as running."""
     os.kill(process.pid, signal.SIGSTOP)
     try:
         wait_until(lambda: not _statements_running(), timeout=60, what="the worker's last statements", poll=0.05)
@@ -45,7 +47,8 @@ def frozen(process):
 def _statements_running() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND pid <> pg_backend_pid() AND state = 'active'")
+                       "AND pid <> pg_backend_pid() AND state = 'active' "
+                       "AND coalesce(wait_event_type, '') NOT IN ('Client', 'Lock')")
         return cursor.fetchone()[0]
 
 
