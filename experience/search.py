@@ -4,21 +4,19 @@ One vocabulary of filters serves the explorer page, the API (whose FilterSet tra
 into a `TrajectoryFilters`), exports and bulk curation (`filters_from_params` reads the same names from any
 mapping, e.g. a command line or a JSON body).
 
-Full text: on Postgres, `q` is a websearch query (every word in the same step, "quoted phrases", `or`; a
-leading '-' is kept as part of a command flag rather than read as "not") over each step's searchable text,
-answered by the GIN index on StepSearch documents (see experience.services.search_index for why they are
+Full text: `q` is a websearch-style query (every word in the same step, "quoted phrases", `or`, `prefix*`; a
+leading '-' is kept as part of a command flag rather than read as "not"; experience.search_hits.query_groups)
+over each step's searchable text. On Postgres it becomes a tsquery (search_hits.tsquery_sql) answered by the GIN index on StepSearch documents (see experience.services.search_index for why they are
 filled after ingest, and how search stays complete meanwhile). The 'simple' configuration lowercases but
 does not stem, which suits commands, paths and code. What is searchable: a step's preview and its inline
 texts (command, thought, output, reply, tool calls), i.e. all of any text up to 2 KB and the first 300
-characters of a longer one. On SQLite (the embedded default) `q` is a case-insensitive substring match over
-the same content, a simpler fallback that reads the same grammar (words, "phrases", `or`, prefix*; see
-experience.search_hits.query_groups).
+characters of a longer one. On SQLite (the embedded default) the same grammar (search_hits.fts5_query)
+over the same content is answered by an FTS5 index that triggers keep in sync with the steps (migration 0014), so it never lags ingest.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, time
@@ -33,8 +31,8 @@ from django.utils.dateparse import parse_date, parse_datetime
 
 from experience.errors import ValidationError
 from experience.models import Step, Trajectory
-from experience.search_hits import sqlite_step_condition
-from experience.services.search_index import SEPARATORS, STEP_SEARCH_DOCUMENT
+from experience.search_hits import fts5_step_ids, tsquery_sql
+from experience.services.search_index import STEP_SEARCH_DOCUMENT
 from experience.services.step_labels import runs_with_step_label
 
 OUTCOMES = ("success", "failure", "unknown")
@@ -137,36 +135,23 @@ def _with_tags(queryset: QuerySet[Trajectory], tags: Iterable[str]) -> QuerySet[
 
 # Indexed runs are answered by the GIN index on StepSearch; runs the indexer has not reached yet (a partial
 # index lists them) are matched by computing their steps' documents on the fly, so results never lag ingest.
-_STEP_MATCHES = f"""
-SELECT trajectory_id FROM experience_stepsearch WHERE document @@ websearch_to_tsquery('simple', %s)
+_STEP_MATCHES = """
+SELECT trajectory_id FROM experience_stepsearch WHERE document @@ ({query})
 UNION ALL
 SELECT s.trajectory_id FROM experience_step s
 WHERE s.trajectory_id IN (SELECT id FROM experience_trajectory WHERE NOT search_indexed)
   AND NOT EXISTS (SELECT 1 FROM experience_stepsearch x WHERE x.step_id = s.id)
-  AND {STEP_SEARCH_DOCUMENT} @@ websearch_to_tsquery('simple', %s)
+  AND {document} @@ ({query})
 """
-
-
-_SPLIT = str.maketrans(SEPARATORS, " " * len(SEPARATORS))
-_FLAG = re.compile(r'(^|[\s"])-+(?=\S)')
-_TOKEN = re.compile(r'"([^"]*)"|(\S+)')
-
-
-def search_query(q: str) -> str:
-    """`q` as a websearch query over step documents: separators split as in the documents (SEPARATORS), and
-    a leading '-' stays part of its word, since people paste commands (`grep -rn x`) whose flags must not
-    turn into negations."""
-    return _FLAG.sub(r"\1", q.translate(_SPLIT))
 
 
 def _step_matches(q: str) -> Any:
     """A subquery of the trajectory ids having a step that matches `q`."""
     if connection.vendor == "postgresql":
-        query = search_query(q)
-        return RawSQL(_STEP_MATCHES, (query, query))
-    # SQLite: the same grammar (`or`, "phrases", prefix*), each term a case-insensitive substring of one step.
-    steps = Step.objects.annotate(payload_text=Cast("payload", TextField())).filter(sqlite_step_condition(q))
-    return steps.values("trajectory_id")
+        query, params = tsquery_sql(q)
+        return RawSQL(_STEP_MATCHES.format(query=query, document=STEP_SEARCH_DOCUMENT), (*params, *params))
+    # SQLite: the same grammar (`or`, "phrases", prefix*) on the FTS5 step index, which triggers keep in sync.
+    return Step.objects.filter(id__in=fts5_step_ids(q)).values("trajectory_id")
 
 
 def similar_ids(*, trajectory_id: int, limit: int = SIMILAR_LIMIT) -> list[int]:

@@ -14,14 +14,15 @@ import re
 from dataclasses import dataclass
 
 from django.db import connection
-from django.db.models import Q, QuerySet, TextField
-from django.db.models.functions import Cast
+from django.db.models import QuerySet
+from django.db.models.expressions import RawSQL
 
 from experience.models import Step, Trajectory
-from experience.services.search_index import STEP_SEARCH_DOCUMENT
+from experience.services.search_index import SEPARATORS, STEP_SEARCH_DOCUMENT
 
 MARK_START, MARK_END = "\x02", "\x03"
 SNIPPET_CHARS = 90  # either side of the first match (SQLite); Postgres's ts_headline picks its own window
+STEP_FTS = "experience_step_fts"  # the embedded store's step index (SQLite FTS5, migration 0014)
 ESTIMATE_ABOVE = 200_000  # rows in the trajectory table past which the explorer's total is an estimate
 
 # A step's text as the search document sees it (experience.services.search_index), untranslated, for snippets.
@@ -29,16 +30,16 @@ _STEP_TEXT = ("concat_ws(' · ', left(s.preview, 1000), left(s.payload ->> 'comm
               "left(s.payload ->> 'text', 20000), left(s.payload ->> 'output', 20000), "
               "left(s.payload ->> 'response_text', 20000), left(s.payload ->> 'tool_calls', 20000))")
 
-_FIRST_HITS = f"""
-WITH q AS (SELECT websearch_to_tsquery('simple', %s) AS query),
+_FIRST_HITS = """
+WITH q AS (SELECT {query} AS query),
 hits AS (
     SELECT x.step_id FROM experience_stepsearch x, q WHERE x.trajectory_id = ANY(%s::bigint[]) AND x.document @@ q.query
     UNION ALL
     SELECT s.id FROM experience_step s, q
     WHERE s.trajectory_id = ANY(%s::bigint[]) AND NOT EXISTS (SELECT 1 FROM experience_stepsearch x WHERE x.step_id = s.id)
-      AND {STEP_SEARCH_DOCUMENT} @@ q.query
+      AND {document} @@ q.query
 ), firsts AS (
-    SELECT DISTINCT ON (s.trajectory_id) s.trajectory_id, s.seq, {_STEP_TEXT} AS body
+    SELECT DISTINCT ON (s.trajectory_id) s.trajectory_id, s.seq, {body} AS body
     FROM experience_step s JOIN hits h ON h.step_id = s.id ORDER BY s.trajectory_id, s.seq
 )
 SELECT trajectory_id, seq, ts_headline('simple', translate(body, E'\\x02\\x03', ''), q.query,
@@ -80,16 +81,62 @@ def query_groups(q: str) -> list[list[Term]]:
     return [group for group in groups if group]
 
 
-def sqlite_step_condition(q: str) -> Q:
-    """The SQLite store's match for `q`: any `or` group whose every term is in the same step (case-
-    insensitive, over the step's preview and payload text; a prefix or a phrase is a substring there too)."""
-    condition = Q(pk__in=[])
+_SPLIT = str.maketrans(SEPARATORS, " " * len(SEPARATORS))
+
+
+def tsquery_sql(q: str) -> tuple[str, list[str]]:
+    """`q` (query_groups' grammar) as a Postgres tsquery expression and its parameters: a word is
+    plainto_tsquery (its separators split as in the documents, SEPARATORS), a "phrase" phraseto_tsquery,
+    `word*` a prefix (`'word':*`, which websearch_to_tsquery cannot say), `&&` within a group, `||` between.
+    A query with no word at all is the empty tsquery, which matches nothing."""
+    groups, params = [], []
     for group in query_groups(q):
-        both = Q()
+        parts = []
         for term in group:
-            both &= Q(preview__icontains=term.text) | Q(payload_text__icontains=term.text)
-        condition |= both
-    return condition
+            text = term.text.translate(_SPLIT)
+            if term.prefix and (tokens := _FTS_TOKEN.findall(text)):
+                *head, last = tokens
+                parts.append("(plainto_tsquery('simple', %s) && to_tsquery('simple', %s))")
+                params += [" ".join(head), f"'{last}':*"]  # a token is letters and digits: safe to quote
+            else:
+                parts.append(f"{'phraseto' if term.phrase else 'plainto'}_tsquery('simple', %s)")
+                params.append(text)
+        groups.append("(" + " && ".join(parts) + ")")
+    return (" || ".join(groups) or "''::tsquery"), params
+
+
+_FTS_TOKEN = re.compile(r"[^\W_]+")  # what FTS5's unicode61 tokenizer keeps: letters and digits
+
+
+def fts5_query(q: str) -> str:
+    """`q` (query_groups' grammar) as an FTS5 MATCH expression over the embedded store's step index
+    (migration 0014): each word's tokens all in the step, a "phrase" its tokens in order, `word*` a prefix,
+    `or` between groups. Every token is quoted, so nothing in `q` is read as FTS5 syntax (AND, NEAR, ^, :).
+    Empty when `q` holds no token at all (matches nothing, as an empty tsquery does on Postgres)."""
+    groups = []
+    for group in query_groups(q):
+        parts = [part for term in group if (part := _fts5_term(term))]
+        if parts:
+            groups.append("(" + " AND ".join(parts) + ")")
+    return " OR ".join(groups)
+
+
+def _fts5_term(term: Term) -> str:
+    tokens = _FTS_TOKEN.findall(term.text)
+    if not tokens:
+        return ""
+    if term.phrase:
+        return '"' + " ".join(tokens) + '"'
+    # A word the tokenizer splits (src/util.py, parse_time) needs each piece, as Postgres's translated query does.
+    quoted = [f'"{token}"' for token in tokens]
+    if term.prefix:
+        quoted[-1] += "*"
+    return " AND ".join(quoted)
+
+
+def fts5_step_ids(q: str) -> RawSQL:
+    """A subquery of the ids of the steps matching `q` on the embedded store's FTS5 index."""
+    return RawSQL(f"SELECT rowid FROM {STEP_FTS} WHERE {STEP_FTS} MATCH %s", (fts5_query(q) or '""',))
 
 
 def search_hits(*, trajectory_ids: list[int], q: str) -> dict[int, Hit]:
@@ -97,20 +144,19 @@ def search_hits(*, trajectory_ids: list[int], q: str) -> dict[int, Hit]:
     if not trajectory_ids or not q.strip():
         return {}
     if connection.vendor == "postgresql":
-        from experience.search import search_query  # the search module imports this one's grammar
-
-        query = search_query(q.strip())
+        query, params = tsquery_sql(q)
+        sql = _FIRST_HITS.format(query=query, document=STEP_SEARCH_DOCUMENT, body=_STEP_TEXT)
         with connection.cursor() as cursor:
-            cursor.execute(_FIRST_HITS, [query, trajectory_ids, trajectory_ids])
+            cursor.execute(sql, [*params, trajectory_ids, trajectory_ids])
             return {tid: Hit(seq=seq, snippet=snippet) for tid, seq, snippet in cursor.fetchall()}
     return _sqlite_hits(trajectory_ids, q)
 
 
 def _sqlite_hits(trajectory_ids: list[int], q: str) -> dict[int, Hit]:
-    steps = (Step.objects.filter(trajectory_id__in=trajectory_ids)
-             .annotate(payload_text=Cast("payload", TextField())).filter(sqlite_step_condition(q))
+    steps = (Step.objects.filter(trajectory_id__in=trajectory_ids, id__in=fts5_step_ids(q))
              .order_by("trajectory_id", "seq").values_list("trajectory_id", "seq", "preview", "payload"))
-    terms = [term.text for group in query_groups(q) for term in group]
+    # Mark the tokens FTS5 matched (a phrase's words may be spread over other whitespace than in `q`).
+    terms = [token for group in query_groups(q) for term in group for token in _FTS_TOKEN.findall(term.text)]
     hits: dict[int, Hit] = {}
     for trajectory_id, seq, preview, payload in steps:
         if trajectory_id not in hits:

@@ -25,7 +25,7 @@ BATCH = 100  # runs per transaction
 # What a step's document holds: its preview and inline texts, each capped so one huge inline command cannot
 # overflow a tsvector. Path and dotted-name separators become spaces first: the parser would otherwise keep
 # `src/pkg/mod.py` or `pkg.mod.func` as one token, and a search for `mod` would miss it. Queries get the same
-# treatment (experience.search.search_query), so a pasted path still matches.
+# treatment (experience.search_hits.tsquery_sql), so a pasted path still matches.
 SEPARATORS = "/.:="
 STEP_SEARCH_DOCUMENT = (
     "to_tsvector('simple'::regconfig, translate("
