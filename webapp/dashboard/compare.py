@@ -1,14 +1,17 @@
 """Two runs compared step by step (/trajectories/compare/?a=<id>&b=<id>). Thin: parse ids, one selector, a
-template. Deep-linkable: the URL names both runs."""
+template. Deep-linkable: the URL names both runs. /trajectories/<id>/compare-similar/ picks B for you: the
+nearest run of the same task in the dedup index, and redirects to the compare page naming both."""
 
 from __future__ import annotations
 
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.urls import reverse
 
 from experience.errors import NotFound
 from experience.run_steps import run_compare
 from experience.selectors import trajectory_get
+from experience.services.dedup import similar_runs
 from experience.steps_view import diff_lines
 from webapp.access.permissions import scope_required
 from webapp.api.ranges import ID_MAX
@@ -32,6 +35,23 @@ def trajectory_compare(request: HttpRequest) -> HttpResponse:
         "patch_lines": diff_lines(result["patch_diff"], nested=True),
         "patch_a": diff_lines(a.final_diff), "patch_b": diff_lines(b.final_diff),
     })
+
+
+@scope_required("trajectories")
+def trajectory_compare_similar(request: HttpRequest, trajectory_id: int) -> HttpResponse:
+    """Compare a run with its nearest neighbour of the same task (FAISS over signature embeddings). Computed
+    on click, not on the run page: the index lookup stays off the page's time to interactive."""
+    try:
+        trajectory = trajectory_get(trajectory_id=trajectory_id)
+        nearest = similar_runs(trajectory_id=trajectory.pk, k=1, same_task=True)
+    except NotFound as error:
+        raise Http404(str(error)) from None
+    if not nearest:
+        problem = f"No other run of task {trajectory.task_key} is in the similarity index yet: give run B's id."
+        return render(request, "dashboard/trajectory_compare.html",
+                      {"problems": [problem], "given": {"a": trajectory.pk}}, status=404)
+    other, _score = nearest[0]
+    return redirect(f"{reverse('dashboard:trajectory-compare')}?a={trajectory.pk}&b={other.pk}")
 
 
 def _ids(request: HttpRequest) -> tuple[list[int], list[str]]:

@@ -28,6 +28,8 @@ urlpatterns = [
     path("trajectories/import/", explorer.trajectory_import, name="trajectory-import"),
     path("trajectories/compare/", compare.trajectory_compare, name="trajectory-compare"),
     path("trajectories/<int:trajectory_id>/", views.trajectory_detail, name="trajectory"),
+    path("trajectories/<int:trajectory_id>/compare-similar/", compare.trajectory_compare_similar,
+         name="trajectory-compare-similar"),
     path("trajectories/<int:trajectory_id>/review/", review.run_curate, name="run-curate"),
     path("trajectories/<int:trajectory_id>/step-label/", review.step_label, name="step-label"),
     path("trajectories/<int:trajectory_id>/rubric-override/", review.rubric_override_view, name="rubric-override"),

@@ -60,6 +60,7 @@ TABLE: dict[str, dict[str, str]] = {
     "dashboard:step-label": {"POST": "trajectories:curate"},
     "dashboard:rubric-override": {"POST": "trajectories:curate"},
     "dashboard:trajectory-compare": {"GET": "trajectories:read"},
+    "dashboard:trajectory-compare-similar": {"GET": "trajectories:read"},
     "dashboard:clusters": {"GET": "trajectories:read"},
     "dashboard:queues": {"GET": "trajectories:read", "POST": "trajectories:curate"},
     "dashboard:pairs": {"GET": "trajectories:read", "POST": "trajectories:curate"},
