@@ -116,7 +116,9 @@ def make_upstream_app(state: UpstreamState) -> web.Application:
         raw = await request.read()
         body = json.loads(raw)
         state.requests.append({"headers": dict(request.headers), "raw": raw, "body": body})
-        return await SCENARIOS.get(body.get("model"), _ok)(request, body)
+        # Any other model is answered the way a real server would: streamed when the request asks for it
+        # (the proxy forces a job's model, so a rollout's calls arrive as its job's model, scripted-ok).
+        return await SCENARIOS.get(body.get("model"), _stream if body.get("stream") else _ok)(request, body)
 
     async def models(request: web.Request) -> web.Response:
         state.requests.append({"headers": dict(request.headers), "raw": b"", "body": None})
