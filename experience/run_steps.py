@@ -20,6 +20,8 @@ from experience.steps import CONTEXT, context_length
 from experience.steps_view import (
     LinkRow,
     attach_links,
+    attach_message_tokens,
+    call_tokens,
     context_lens,
     diff_view,
     link_tool_calls,
@@ -132,6 +134,7 @@ def run_context_lens(*, trajectory: Trajectory, seq: int, unchanged: bool = Fals
     records = stored_step_records(rows, context=True)
     current = records[-1].request_messages or []
     lens = context_lens(records[0].request_messages if previous else None, current)
+    attach_message_tokens(lens, current, call_tokens(records[0]) if previous else None, call_tokens(records[-1]))
     lens["seq"], lens["previous_seq"] = seq, previous.seq if previous else None
     if unchanged:
         lens["unchanged_messages"] = [message_view(m, i) for i, m in enumerate(current[: lens["unchanged"]])]

@@ -451,6 +451,89 @@ def _message_lines(messages: Sequence[MessageRecord]) -> list[str]:
     return lines
 
 
+# ---------------------------------------------------------------- token counts in the context lens
+
+
+@dataclass(frozen=True)
+class CallTokens:
+    """A model call's recorded size: prompt and completion tokens, counted from the token ids the proxy kept
+    (vLLM's `return_token_ids`) when there are any, else from the upstream's usage; `source` says which."""
+
+    prompt: int | None
+    completion: int | None
+    source: str | None
+
+
+def call_tokens(record: StepRecord) -> CallTokens:
+    prompt_ids, completion_ids = record.payload.get("prompt_token_ids"), record.payload.get("token_ids")
+    completion = len(completion_ids) if isinstance(completion_ids, list) else record.tokens_out
+    if isinstance(prompt_ids, list) and prompt_ids:
+        return CallTokens(len(prompt_ids), completion, "token ids")
+    return CallTokens(record.tokens_in, completion, "usage" if record.tokens_in is not None else None)
+
+
+def attach_message_tokens(lens: dict[str, Any], context: Sequence[MessageRecord], previous: CallTokens | None,
+                          current: CallTokens) -> None:
+    """Token counts on the lens's new messages, where the records allow (`context`: the messages this call
+    saw). The new block's size is the prompt-token delta between the two calls when this call only extends
+    the previous one's context (exact: the harness appended, nothing else changed); after a rewrite, or
+    without the previous call's count, it is this prompt's tokens in proportion to characters (estimated).
+    Within the block a lone message gets all of it; with several, the previous call's reply gets that call's
+    completion tokens and the rest is shared by characters (estimated). Each message says whether its count
+    is `tokens_estimated`; the lens says where the counts came from (`tokens_source`)."""
+    if current.prompt is None or not lens["new"]:
+        return
+    new = lens["new"]
+    block, estimated = _new_block_tokens(lens, context, previous, current)
+    lens.update(tokens_source=current.source, new_tokens=block, new_tokens_estimated=estimated)
+    if not estimated and not lens["first"] and previous is not None:
+        lens["unchanged_tokens"] = previous.prompt
+    if len(new) == 1:
+        new[0].update(tokens=block, tokens_estimated=estimated)
+        return
+    counts = _share_tokens(new, block, previous.completion if previous else None)
+    for message, count in zip(new, counts, strict=True):
+        message.update(tokens=count, tokens_estimated=True)
+
+
+def _new_block_tokens(lens: dict[str, Any], context: Sequence[MessageRecord], previous: CallTokens | None,
+                      current: CallTokens) -> tuple[int, bool]:
+    prompt = current.prompt or 0
+    if lens["first"]:
+        return prompt, False
+    extends = not lens["rewrites"] and lens["unchanged"] == lens["previous_total"]
+    if extends and previous is not None and previous.prompt is not None and prompt >= previous.prompt:
+        return prompt - previous.prompt, False
+    everything = sum(_record_chars(m) for m in context)
+    share = sum(_record_chars(context[m["index"]]) for m in lens["new"])
+    return (round(prompt * share / everything) if everything else round(prompt * len(lens["new"]) / len(context))), True
+
+
+def _record_chars(message: MessageRecord) -> int:
+    return len(message.content) + (len(json.dumps(message.tool_calls)) if message.tool_calls else 0)
+
+
+def _share_tokens(new: list[dict[str, Any]], block: int, reply_tokens: int | None) -> list[int]:
+    """`block` tokens split over the new messages: a leading assistant message (the previous call's reply)
+    gets `reply_tokens` when that fits, the rest goes by characters, rounded so the counts add up."""
+    counts = [0] * len(new)
+    start = 0
+    if new and new[0]["role"] == "assistant" and reply_tokens is not None and reply_tokens <= block:
+        counts[0], block, start = reply_tokens, block - reply_tokens, 1
+    weights = [max(1, _message_chars(m)) for m in new[start:]]
+    raw = [block * weight / sum(weights) for weight in weights]
+    shares = [int(x) for x in raw]
+    for i in sorted(range(len(raw)), key=lambda i: raw[i] - shares[i], reverse=True)[: block - sum(shares)]:
+        shares[i] += 1
+    counts[start:] = shares
+    return counts
+
+
+def _message_chars(message: dict[str, Any]) -> int:
+    calls = message.get("tool_calls") or ()
+    return len(message.get("content") or "") + sum(len(c["name"]) + len(c["arguments"]) for c in calls)
+
+
 # ---------------------------------------------------------------- the run's index (timeline, filters, jumps)
 
 INDEX_KINDS = ("model_call", "message", "tool_call", "command", "observation", "file_change", "eval",

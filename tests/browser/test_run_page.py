@@ -142,6 +142,38 @@ def test_the_context_lens_shows_exactly_what_is_new_and_says_when_history_was_re
     assert "You are a coding agent." not in page.evaluate("document.getElementById('run-config').textContent")
 
 
+def test_the_context_lens_counts_tokens_per_message_where_the_records_allow(logged_in_page, live_server):
+    """Usage gives each call's prompt size: the delta between two calls is the new messages' size, exact for
+    a lone new message, shared out (≈) over several; token ids count the same way."""
+    system, user = MessageRecord(role="system", content="You are a coding agent."), MessageRecord(role="user", content="Fix it.")
+    reply, tool = MessageRecord(role="assistant", content="ls"), MessageRecord(role="tool", content="a.py b.py\n" * 8)
+    nudge = MessageRecord(role="user", content="Run the tests now.")
+    steps = [StepRecord(kind="model_call", request_messages=[system, user], response_text="ls", tokens_in=120, tokens_out=20, call_id="t0"),
+             StepRecord(kind="command", command="ls", output="a.py b.py", exit_code=0),
+             StepRecord(kind="model_call", request_messages=[system, user, reply, tool], response_text="", tokens_in=180,
+                        tokens_out=9, call_id="t1", payload={"prompt_token_ids": list(range(180))}),
+             StepRecord(kind="model_call", request_messages=[system, user, reply, tool, nudge], response_text="ok",
+                        tokens_in=999, tokens_out=2, call_id="t2", payload={"prompt_token_ids": list(range(195))})]
+    run, _ = trajectory_ingest(record=TrajectoryRecord(source="api", source_format="trove", source_ref="tokens",
+                                                       task_key="tokens", steps=steps))
+    page = logged_in_page
+    _open(page, live_server, run.pk)
+    page.locator("#step-2 details.context summary").click()
+    page.wait_for_selector("#step-2 .lens .lens-new-head")
+    assert page.locator("#step-2 .lens .msg.new .tokens").all_inner_texts() == ["≈ 20 tokens", "≈ 40 tokens"]
+    assert "· 60 tokens (counted from token ids)" in page.locator("#step-2 .lens-new-head").inner_text()
+    assert page.locator("#step-2 details.unchanged summary").inner_text().endswith("(120 tokens)")
+    page.locator("#step-3 details.context summary").click()
+    page.wait_for_selector("#step-3 .lens .lens-new-head")
+    assert page.locator("#step-3 .lens .msg.new .tokens").all_inner_texts() == ["15 tokens"]  # 195 - 180 token ids
+    page.locator("#step-0 details.context summary").click()
+    page.wait_for_selector("#step-0 .lens .lens-new-head")
+    shown = page.locator("#step-0 .lens .msg.new .tokens").all_inner_texts()
+    assert len(shown) == 2 and all(text.startswith("≈ ") for text in shown)
+    assert sum(int(text.split()[1]) for text in shown) == 120
+    page.locator("#step-2").screenshot(path=str(_shots() / "lens-tokens.png"))
+
+
 def test_a_run_without_timestamps_gets_a_slot_per_step(logged_in_page, live_server):
     run = _synthetic("untimed", 20, timed=False)
     page = logged_in_page

@@ -14,8 +14,11 @@ from experience.steps_view import (
     EDIT,
     FAILED,
     OUTPUT_CHARS,
+    CallTokens,
     LinkRow,
     attach_links,
+    attach_message_tokens,
+    call_tokens,
     context_lens,
     diff_view,
     link_tool_calls,
@@ -190,6 +193,57 @@ def test_the_lens_says_how_history_was_rewritten(after, kind):
     assert [r["kind"] for r in lens["rewrites"]] == [kind]
     assert lens["rewrites"][0]["diff"].startswith("--- previous call\n+++ this call")
     assert [m["content"] for m in lens["new"]] == ["x"]
+
+
+def _lens_with_tokens(before, after, previous: CallTokens | None, current: CallTokens) -> dict:
+    lens = context_lens(before, after)
+    attach_message_tokens(lens, after, previous, current)
+    return lens
+
+
+def test_a_lone_new_message_gets_the_exact_prompt_token_delta():
+    before = [_m("system", "s"), _m("user", "u")]
+    lens = _lens_with_tokens(before, [*before, _m("tool", "output")], CallTokens(40, 7, "usage"), CallTokens(95, 3, "usage"))
+    assert lens["new"][0]["tokens"] == 55 and lens["new"][0]["tokens_estimated"] is False
+    assert lens["new_tokens"] == 55 and lens["unchanged_tokens"] == 40 and lens["tokens_source"] == "usage"
+
+
+def test_the_previous_reply_gets_its_completion_tokens_and_the_rest_is_shared_by_characters():
+    before = [_m("system", "s"), _m("user", "u")]
+    after = [*before, _m("assistant", "a reply"), _m("tool", "x" * 30), _m("user", "y" * 10)]
+    lens = _lens_with_tokens(before, after, CallTokens(40, 12, "usage"), CallTokens(100, 3, "usage"))
+    assert [m["tokens"] for m in lens["new"]] == [12, 36, 12]  # 48 left, shared 30:10
+    assert all(m["tokens_estimated"] for m in lens["new"]) and lens["new_tokens_estimated"] is False
+    assert sum(m["tokens"] for m in lens["new"]) == lens["new_tokens"] == 60
+
+
+def test_token_ids_count_before_usage():
+    record = StepRecord(kind="model_call", tokens_in=999, tokens_out=999,
+                        payload={"prompt_token_ids": list(range(30)), "token_ids": [1, 2, 3, 4]})
+    assert call_tokens(record) == CallTokens(30, 4, "token ids")
+    assert call_tokens(StepRecord(kind="model_call", tokens_in=8, tokens_out=2)) == CallTokens(8, 2, "usage")
+    assert call_tokens(StepRecord(kind="model_call")) == CallTokens(None, None, None)
+
+
+def test_after_a_rewrite_the_new_block_is_estimated_by_characters():
+    before = [_m("system", "s" * 10), _m("user", "u" * 10)]
+    after = [_m("system", "s" * 10), _m("system", "r" * 10), _m("user", "u" * 10), _m("tool", "t" * 20)]
+    lens = _lens_with_tokens(before, after, CallTokens(20, 1, "usage"), CallTokens(100, 1, "usage"))
+    assert lens["rewrites"] and [m["content"] for m in lens["new"]] == ["t" * 20]
+    assert lens["new"][0] == {**lens["new"][0], "tokens": 40, "tokens_estimated": True}  # 20 of 50 characters
+    assert "unchanged_tokens" not in lens
+
+
+def test_without_a_prompt_count_no_message_gets_a_number():
+    before = [_m("user", "u")]
+    lens = _lens_with_tokens(before, [*before, _m("tool", "t")], CallTokens(10, 1, "usage"), CallTokens(None, None, None))
+    assert "tokens" not in lens["new"][0] and "new_tokens" not in lens
+
+
+def test_the_first_calls_prompt_is_shared_over_its_messages():
+    lens = _lens_with_tokens(None, [_m("system", "s" * 30), _m("user", "u" * 10)], None, CallTokens(41, 2, "token ids"))
+    assert [m["tokens"] for m in lens["new"]] == [31, 10] and lens["new_tokens"] == 41
+    assert lens["tokens_source"] == "token ids"
 
 
 # ---------------------------------------------------------------- the index

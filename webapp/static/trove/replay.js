@@ -142,14 +142,18 @@
   function message(m, cls) {
     return h("div", { class: "msg role-" + m.role + (cls ? " " + cls : ""), "data-index": m.index },
       h("span", { class: "role", text: m.role + (m.name ? " (" + m.name + ")" : "") + " · #" + m.index }),
+      m.tokens !== undefined ? h("span", { class: "tokens", title: m.tokens_estimated ? "estimated" : "from the prompt-token count", text: tokenText(m.tokens, m.tokens_estimated) }) : null,
       m.content ? h("pre", { text: m.content }) : null, toolCalls(m),
       m.tool_call_id ? h("span", { class: "muted", text: "answers " + m.tool_call_id }) : null);
+  }
+  function tokenText(count, estimated) {
+    return (estimated ? "≈ " : "") + count.toLocaleString("en") + " tokens";
   }
   function renderLens(lens, seq) {
     const parts = [];
     if (lens.first) parts.push(h("p", { class: "muted", text: "The run's first model call: every message is new." }));
     else {
-      const unchanged = h("details", { class: "unchanged" }, h("summary", { text: lens.unchanged + " earlier messages unchanged" + (lens.previous_seq !== null ? " since #" + lens.previous_seq : "") }));
+      const unchanged = h("details", { class: "unchanged" }, h("summary", { text: lens.unchanged + " earlier messages unchanged" + (lens.previous_seq !== null ? " since #" + lens.previous_seq : "") + (lens.unchanged_tokens !== undefined ? " (" + tokenText(lens.unchanged_tokens, false) + ")" : "") }));
       unchanged.addEventListener("toggle", () => {
         if (unchanged.open && !unchanged.dataset.loaded) {
           unchanged.dataset.loaded = "1";
@@ -167,7 +171,9 @@
       for (const line of change.diff.split("\n")) pre.append(h("span", { class: line.startsWith("+") ? "d-add" : line.startsWith("-") ? "d-del" : line.startsWith("@@") ? "d-hunk" : "d-ctx", text: line + "\n" }));
       parts.push(h("div", { class: "rewrite", "data-kind": change.kind }, h("strong", { text: "History rewritten: the harness " + what + " at message #" + change.at }), pre));
     }
-    parts.push(h("p", { class: "lens-new-head", text: lens.new.length + " new message(s) since the previous call" }));
+    const newTokens = lens.new_tokens !== undefined ? " · " + tokenText(lens.new_tokens, lens.new_tokens_estimated) +
+      " (counted from " + lens.tokens_source + (lens.new_tokens_estimated ? ", shared out by characters" : "") + ")" : "";
+    parts.push(h("p", { class: "lens-new-head", text: lens.new.length + " new message(s) since the previous call" + newTokens }));
     for (const m of lens.new) parts.push(message(m, "new"));
     return parts;
   }
