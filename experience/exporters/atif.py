@@ -1,11 +1,17 @@
-"""Export a run as ATIF, the Agent Trajectory Interchange Format (Harbor / terminal-bench), schema v1.4.
+"""Export a run as ATIF, the Agent Trajectory Interchange Format (Harbor / terminal-bench), schema v1.7.
 
 Trove steps fold into ATIF turns: a `model_call` (or an assistant `message`) opens an agent step whose
 message is the reply; the `command` and `tool_call` steps after it become that step's tool_calls (a
 command as {"function_name": "bash", "arguments": {"command": ...}}, its output the matching observation
 result); observation-like steps (`observation`, `file_change`, `eval`, `note`, `sandbox_event`) become
 observation results, tied by source_call_id to the tool call they answer. System and user messages are
-system / user steps. Per-call tokens and cost go to the agent step's metrics; run totals to final_metrics.
+system / user steps. Per-call tokens and cost go to the agent step's metrics (with the call's prompt and
+completion token ids and logprobs where the proxy recorded them); run totals to final_metrics. An agent step
+opened by a model call says `llm_call_count` 1 (or the count an imported step carried); one that only holds
+actions with no call before them says 0, v1.7's mark of a deterministic dispatch. `trajectory_id` is the
+run's source_ref. A result that delegated to a subagent names the subagent's run in its
+`extra["trove"]["subagent_source_ref"]`: the subagent is a run of its own, exported on its own, and v1.7's
+`subagent_trajectory_ref` must resolve within the document, so it is not used.
 
 What ATIF has no field for rides in `extra["trove"]`: per step the Trove kinds folded into it (so a
 re-import restores `file_change` / `eval` / `note` rather than a generic observation) and exit codes; at
@@ -21,11 +27,11 @@ from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import IO, Any
 
-from experience.importers.atif import HINT_KEY
+from experience.importers.atif import HINT_KEY, TOKEN_FIELDS
 from experience.importers.base import SHELL_TOOLS, tool_call_parts
 from experience.records import StepRecord, TrajectoryRecord
 
-SCHEMA_VERSION = "ATIF-v1.4"
+SCHEMA_VERSION = "ATIF-v1.7"
 
 
 def write(record: TrajectoryRecord) -> dict[str, Any]:
@@ -77,6 +83,7 @@ def _root(record: TrajectoryRecord) -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION,
         "session_id": record.source_ref,
+        "trajectory_id": record.source_ref,
         "agent": agent,
         "notes": f"Exported by Trove from {record.source_format or record.source} ({record.source_ref}).",
         "extra": {HINT_KEY: _run_fields(record)},
@@ -162,6 +169,8 @@ class _Turn:
             hint["exit_codes"] = self.exit_codes
         if self.continuation:
             hint["continuation"] = True
+            if self.body["source"] == "agent":
+                body["llm_call_count"] = 0  # actions no model call of this run opened
         body["extra"] = {**body.get("extra", {}), HINT_KEY: hint}
         return body
 
@@ -210,7 +219,7 @@ class _Folder:
                 {"tool_call_id": call_id, "function_name": name, "arguments": {"command": step.command or ""}}
             )
             if step.output is not None:
-                turn.results.append({"source_call_id": call_id, "content": step.output})
+                turn.results.append(_with_extra({"source_call_id": call_id, "content": step.output}, step))
             if step.exit_code is not None:
                 turn.exit_codes[call_id] = step.exit_code
             turn.pending_call = None
@@ -230,7 +239,17 @@ class _Folder:
             turn.pending_call = None
         else:
             turn.closed = True
-        turn.results.append(result)
+        turn.results.append(_with_extra(result, step))
+
+
+def _with_extra(result: dict[str, Any], step: StepRecord) -> dict[str, Any]:
+    """A result with what v1.7's result `extra` carries for Trove: an error flag, and the subagent run."""
+    extra: dict[str, Any] = {}
+    if step.payload.get("is_error") is True:
+        extra["is_error"] = True
+    if isinstance(step.payload.get("subagent_source_ref"), str):
+        extra[HINT_KEY] = {"subagent_source_ref": step.payload["subagent_source_ref"]}
+    return {**result, "extra": extra} if extra else result
 
 
 def _agent_turn(step: StepRecord) -> _Turn:
@@ -243,6 +262,8 @@ def _agent_turn(step: StepRecord) -> _Turn:
     metrics = _metrics(step)
     if metrics:
         turn.body["metrics"] = metrics
+    count = step.payload.get("llm_call_count")
+    turn.body["llm_call_count"] = count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1
     turn.response_calls = step.tool_calls or []
     return turn
 
@@ -263,8 +284,28 @@ def _metrics(step: StepRecord) -> dict[str, Any]:
     cost = step.payload.get("cost", step.payload.get("cost_usd"))
     if isinstance(cost, int | float) and not isinstance(cost, bool):
         metrics["cost_usd"] = cost
+    metrics.update(_token_metrics(step.payload))
     if step.latency_ms is not None:
         metrics["extra"] = {"latency_ms": step.latency_ms}
+    return metrics
+
+
+def _token_metrics(payload: dict[str, Any]) -> dict[str, Any]:
+    """The call's token ids and logprobs, as ATIF names them (the inverse of the importer's TOKEN_FIELDS).
+    The proxy keeps a logprob as {token, logprob, ...}: ATIF wants the number; a list with any entry that is
+    not one is left out rather than shifted."""
+    metrics: dict[str, Any] = {}
+    for field, key in TOKEN_FIELDS.items():
+        values = payload.get(key)
+        if not isinstance(values, list):
+            continue
+        if field == "logprobs":
+            values = [v.get("logprob") if isinstance(v, dict) else v for v in values]
+            if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+                continue
+        elif not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            continue
+        metrics[field] = values
     return metrics
 
 

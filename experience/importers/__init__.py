@@ -1,7 +1,8 @@
 """Importers: read agent trajectories written by other harnesses into TrajectoryRecords. ORM-free.
 
-Formats (registry key -> module): `trove` (Trove's own JSONL export), `atif` (Harbor's Agent Trajectory
-Interchange Format), `inspect` (Inspect AI .json and .eval logs), `mini_swe_agent` (.traj.json),
+Formats (registry key -> module): `trove` (Trove's own JSONL export), `harbor` (Harbor / Terminal-Bench
+trial directories: result.json with the verifier's reward, the agent's ATIF trajectory), `atif` (Harbor's
+Agent Trajectory Interchange Format, up to v1.7), `inspect` (Inspect AI .json and .eval logs), `mini_swe_agent` (.traj.json),
 `swe_agent` (.traj), `swe_agent_rows` (SWE-agent rows of published datasets: JSON, JSONL, Parquet),
 `openhands` (evaluation output.jsonl and event-stream .json), `claude_code` (Claude Code session
 transcripts), `codex` (Codex CLI rollouts), `openai_conversations` (OpenAI-format conversations in one JSON
@@ -42,6 +43,7 @@ from experience.importers import (
     claude_code,
     codex,
     conversations,
+    harbor,
     inspect,
     mini_swe_agent,
     openai_messages,
@@ -66,17 +68,18 @@ class Importer(Protocol):
     def parse(self, path: Path, *, name: str | None = None) -> Iterator[TrajectoryRecord]: ...
 
 
-# Most specific first: a Trove export or an ATIF file would also pass looser checks further down.
+# Most specific first: a Trove export or an ATIF file would also pass looser checks further down, and a
+# Harbor trial's agent/trajectory.json is ATIF that the trial's result.json gives its outcome.
 REGISTRY: dict[str, Importer] = {
     module.FORMAT: module  # type: ignore[misc]
     for module in (
-        trove, atif, inspect, mini_swe_agent, swe_agent, swe_agent_rows, openhands, claude_code, codex, conversations,
+        trove, harbor, atif, inspect, mini_swe_agent, swe_agent, swe_agent_rows, openhands, claude_code, codex, conversations,
         openai_messages,
     )
 }
 
 _EXPECTED = (
-    "a Trove export (.jsonl), an ATIF trajectory (.json), an Inspect AI log (.json or .eval), a mini-swe-agent "
+    "a Trove export (.jsonl), a Harbor trial (result.json, agent/trajectory.json), an ATIF trajectory (.json), an Inspect AI log (.json or .eval), a mini-swe-agent "
     "trajectory (.traj.json), a SWE-agent trajectory (.traj), SWE-agent dataset rows (JSON, JSONL or Parquet), "
     "OpenHands output.jsonl or event-stream .json, a Claude Code session (.jsonl), a Codex CLI rollout (rollout-*.jsonl), "
     "OpenAI-format conversations as JSONL or as a JSON array (tau-bench trajectories)"

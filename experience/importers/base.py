@@ -39,7 +39,7 @@ RESERVED_PAYLOAD_KEYS = frozenset(
 SHELL_TOOLS = frozenset(
     {"bash", "execute_bash", "shell", "run_shell_command", "terminal", "run_command", "exec", "bash_command"}
 )
-SHELL_ARGUMENTS = ("command", "cmd")
+SHELL_ARGUMENTS = ("command", "cmd", "keystrokes")  # keystrokes: Terminus (Harbor) sends keys to a tmux shell
 
 _DIFF_START = re.compile(r"^\s*(diff --git |--- |Index: )", re.MULTILINE)
 

@@ -1,4 +1,4 @@
-"""ATIF export: valid per the ATIF v1.4 schema, streamed, and read back to the same steps."""
+"""ATIF export: valid per the ATIF v1.7 schema, streamed, and read back to the same steps."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from importers.fixture_files import ALL_FILES, BROWSER, MULTI_SWE, PYDICOM, label
+from importers.fixture_files import ALL_FILES, BROWSER, HARBOR_BUILT, MULTI_SWE, PYDICOM, label
 
 from experience.exporters import atif
 from experience.importers import detect_format, read_all
 from experience.importers.base import tool_call_parts
 from experience.records import StepRecord, TrajectoryRecord
 
-ROOT_KEYS = {"schema_version", "session_id", "agent", "steps", "notes", "final_metrics", "extra"}
+ROOT_KEYS = {"schema_version", "session_id", "trajectory_id", "agent", "steps", "notes", "final_metrics", "extra",
+             "continued_trajectory_ref", "subagent_trajectories"}
 AGENT_KEYS = {"name", "version", "model_name", "extra"}
 STEP_KEYS = {
     "step_id",
@@ -30,6 +31,8 @@ STEP_KEYS = {
     "tool_calls",
     "observation",
     "metrics",
+    "llm_call_count",
+    "is_copied_context",
     "extra",
 }
 AGENT_ONLY = {"model_name", "reasoning_effort", "reasoning_content", "tool_calls", "metrics"}
@@ -54,12 +57,12 @@ FINAL_KEYS = {
 
 
 def schema_problems(doc: dict[str, Any]) -> list[str]:
-    """Checks from the ATIF RFC (harbor docs/rfcs/0001-trajectory-format.md, v1.4)."""
+    """Checks from the ATIF RFC (harbor rfcs/0001-trajectory-format.md, v1.7)."""
     problems = []
     problems += [f"root: unknown {k}" for k in set(doc) - ROOT_KEYS]
-    problems += [
-        f"root: missing {k}" for k in ("schema_version", "session_id", "agent", "steps") if k not in doc
-    ]
+    problems += [f"root: missing {k}" for k in ("schema_version", "agent", "steps") if k not in doc]
+    if not (doc.get("session_id") or doc.get("trajectory_id")):
+        problems.append("root: neither session_id nor trajectory_id")
     if not re.fullmatch(r"ATIF-v1\.\d+", str(doc.get("schema_version"))):
         problems.append("schema_version")
     agent = doc.get("agent", {})
@@ -87,11 +90,16 @@ def step_problems(step: dict[str, Any], expected_id: int) -> list[str]:
         datetime.fromisoformat(step["timestamp"])
     if step.get("source") != "agent":
         problems += [f"{k} on a non-agent step" for k in AGENT_ONLY & set(step)]
+    if "llm_call_count" in step and not (isinstance(step["llm_call_count"], int) and step["llm_call_count"] >= 0):
+        problems.append("llm_call_count")
+    if step.get("llm_call_count") == 0 and {"metrics", "reasoning_content"} & set(step):
+        problems.append("metrics or reasoning_content with llm_call_count 0")
     if step.get("source") == "user" and "observation" in step:
         problems.append("observation on a user step")
     call_ids = []
     for call in step.get("tool_calls", []):
-        if set(call) != {"tool_call_id", "function_name", "arguments"} or not isinstance(
+        if not {"tool_call_id", "function_name", "arguments"} <= set(call) <= {
+            "tool_call_id", "function_name", "arguments", "extra"} or not isinstance(
             call["arguments"], dict
         ):
             problems.append(f"tool call {call}")
@@ -99,7 +107,7 @@ def step_problems(step: dict[str, Any], expected_id: int) -> list[str]:
     if len(call_ids) != len(set(call_ids)):
         problems.append("repeated tool_call_id")
     for result in step.get("observation", {}).get("results", []):
-        if set(result) - {"source_call_id", "content", "subagent_trajectory_ref"} or not isinstance(
+        if set(result) - {"source_call_id", "content", "subagent_trajectory_ref", "extra"} or not isinstance(
             result.get("content"), str
         ):
             problems.append(f"result {result}")
@@ -110,6 +118,11 @@ def step_problems(step: dict[str, Any], expected_id: int) -> list[str]:
     for key in ("prompt_tokens", "completion_tokens", "cached_tokens"):
         if key in metrics and not (isinstance(metrics[key], int) and metrics[key] >= 0):
             problems.append(f"metrics.{key}")
+    for key in ("prompt_token_ids", "completion_token_ids"):
+        if key in metrics and not all(isinstance(v, int) and not isinstance(v, bool) for v in metrics[key]):
+            problems.append(f"metrics.{key}")
+    if "logprobs" in metrics and not all(isinstance(v, int | float) for v in metrics["logprobs"]):
+        problems.append("metrics.logprobs")
     return problems
 
 
@@ -233,3 +246,45 @@ def test_dump_writes_text_and_binary_alike() -> None:
     atif.dump(record, text)
     atif.dump(record, binary)
     assert binary.getvalue() == text.getvalue().encode()
+
+
+RL_KEYS = ("prompt_token_ids", "token_ids", "logprobs", "llm_call_count", "subagent_source_ref", "is_error")
+
+
+def test_v1_7_fields_export_and_read_back_the_same(tmp_path: Path) -> None:
+    run, *_ = read_all(HARBOR_BUILT / "result.json")
+    document = atif.write(run)
+    assert document["schema_version"] == "ATIF-v1.7" and document["trajectory_id"] == run.source_ref
+    agent = [s for s in document["steps"] if s["source"] == "agent"]
+    # the dispatched action (no model call of its own) folds into the turn before it
+    assert [s.get("llm_call_count") for s in agent] == [1, 2, 1]
+    assert agent[0]["metrics"]["completion_token_ids"] == [2082, 25, 1598, 2889]
+    assert agent[0]["metrics"]["logprobs"] == [-0.0123, -1.5, -0.25, 0.0]
+    links = [r["extra"]["trove"]["subagent_source_ref"] for s in agent for r in s.get("observation", {}).get("results", [])
+             if "trove" in r.get("extra", {})]
+    assert links == run.metadata["subagent_source_refs"]
+    [back] = read_all(export_file(run, tmp_path / "run.json"))
+    assert [carried(s) for s in back.steps] == [carried(s) for s in run.steps]
+    assert [{k: s.payload.get(k) for k in RL_KEYS} for s in back.steps] == [
+        {k: s.payload.get(k) for k in RL_KEYS} for s in run.steps]
+
+
+def test_logprobs_recorded_by_the_proxy_export_as_numbers() -> None:
+    step = StepRecord(kind="model_call", response_text="hi", payload={
+        "prompt_token_ids": [1, 2], "token_ids": [7, 8],
+        "logprobs": [{"token": "token_id:7", "logprob": -0.5}, {"token": "token_id:8", "logprob": -0.25}]})
+    record = TrajectoryRecord(source="rollout", source_format="trove", source_ref="r1", task_key="t", steps=[step])
+    metrics = atif.write(record)["steps"][0]["metrics"]
+    assert metrics == {"prompt_token_ids": [1, 2], "completion_token_ids": [7, 8], "logprobs": [-0.5, -0.25]}
+    step.payload["logprobs"] = [{"token": "a"}, {"token": "b", "logprob": -1.0}]
+    assert "logprobs" not in atif.write(record)["steps"][0]["metrics"], "a gap would shift every logprob"
+
+
+def test_actions_no_model_call_opened_are_a_dispatch_with_llm_call_count_0() -> None:
+    steps = [StepRecord(kind="message", text="go", payload={"role": "user"}),
+             StepRecord(kind="command", command="make", output="done", exit_code=0)]
+    record = TrajectoryRecord(source="rollout", source_format="trove", source_ref="r2", task_key="t", steps=steps)
+    dispatch = atif.write(record)["steps"][1]
+    assert (dispatch["source"], dispatch["llm_call_count"]) == ("agent", 0)
+    assert "metrics" not in dispatch and "reasoning_content" not in dispatch
+    assert schema_problems(atif.write(record)) == []

@@ -57,6 +57,14 @@ CLAUDE_CODE_LOG = CLAUDE_CODE / "claude-code-log" / "55550000-0000-4000-8000-000
 CLAUDE_CODE_LOG_AGENT = CLAUDE_CODE_LOG.with_suffix("") / "subagents" / "agent-showcol2.jsonl"
 CLAUDE_WINDOWS = CLAUDE_CODE / "C--Users-dev-proj" / "0b9d8e7f-1a2b-4c3d-8e9f-a0b1c2d3e4f5.jsonl"
 
+HARBOR = SAMPLES / "harbor"
+HARBOR_REAL_JOB = HARBOR / "2026-02-09__00-15-22"
+HARBOR_REAL = HARBOR_REAL_JOB / "computer-use-oncall-debug__kFdZhTa"
+HARBOR_BUILT_JOB = HARBOR / "built-job"
+HARBOR_BUILT = HARBOR_BUILT_JOB / "fix-permissions__Q7mK2xP"
+HARBOR_BROKEN = HARBOR_BUILT_JOB / "broken-env__Zz9Yy8X"
+ATIF_V17 = SAMPLES / "atif" / "harbor_multiagent_v1_7.json"
+
 SWE_AGENT_FILES = sorted(SWE_AGENT.rglob("*.traj"))
 
 # Every trajectory file we can read, and the format detection must name for it.
@@ -83,6 +91,13 @@ EXPECTED_FORMATS: dict[Path, str] = {
     CODEX_REAL: "codex",
     CODEX_TOOLS: "codex",
     CODEX_CCL: "codex",
+    HARBOR_REAL / "result.json": "harbor",
+    HARBOR_REAL / "agent" / "trajectory.json": "harbor",
+    HARBOR_BUILT / "result.json": "harbor",
+    HARBOR_BUILT / "agent" / "trajectory.json": "harbor",
+    HARBOR_BUILT / "agent" / "subagent-checker.trajectory.json": "harbor",
+    HARBOR_BROKEN / "result.json": "harbor",
+    ATIF_V17: "atif",
 }
 ALL_FILES = list(EXPECTED_FORMATS)
 

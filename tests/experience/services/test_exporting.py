@@ -53,7 +53,7 @@ def test_atif_export_writes_one_document_per_run_that_reads_back_as_atif(tmp_pat
     data = export(tmp_path, "runs.atif.jsonl", fmt="atif")
 
     documents = [json.loads(line) for line in data.splitlines()]
-    assert [d["schema_version"] for d in documents] == ["ATIF-v1.4", "ATIF-v1.4"]
+    assert [d["schema_version"] for d in documents] == ["ATIF-v1.7", "ATIF-v1.7"]
     back = read_all(tmp_path / "runs.atif.jsonl")
     assert [r.task_key for r in back] == ["task-a", "task-b"]
     stored_steps = [t.n_steps for t in Trajectory.objects.filter(pk__in=ids).order_by("id")]
