@@ -350,4 +350,9 @@ class DatasetVersion(models.Model):
     def __str__(self) -> str:
         return f"{self.dataset.name} v{self.version}"
 
-from experience.review_models import PairwisePreference, ReviewItem, ReviewQueue  # noqa: E402, F401 (review models)
+from experience.review_models import (  # noqa: E402, F401 (review models)
+    PairwisePreference,
+    ReviewItem,
+    ReviewQueue,
+    SavedFilter,
+)

@@ -37,6 +37,7 @@ from webapp.access.permissions import scope_required
 from webapp.api.ranges import ID_MAX
 from webapp.api.trajectories import CURATE_PERMISSION
 from webapp.dashboard.forms import form_errors
+from webapp.dashboard.saved_filters import saved_filter_menu
 
 PAGE = 50
 FILTER_NAMES = ("q", "task", "task_set", "model", "harness", "source", "source_format", "status", "outcome",
@@ -94,6 +95,7 @@ def explorer(request: HttpRequest) -> HttpResponse:
         row.hit = hits.get(row.pk)  # type: ignore[attr-defined]
     shown = {**params, **view}
     context.update(rows=page.rows, filters=filters, first_url=_explorer_url(shown), total=total,
+                   saved_filters=saved_filter_menu(user=request.user, params=filters.as_params()),
                    next_url=None if page.next_cursor is None else _explorer_url(shown, after=page.next_cursor),
                    is_first_page=request.GET.get("after") in (None, ""),
                    sort_links=_sort_links(shown, view.get("sort", "-id")),

@@ -10,6 +10,7 @@ from webapp.dashboard import (
     pairs,
     queues,
     review,
+    saved_filters,
     views,
 )
 from webapp.dashboard import fleets as fleet_views
@@ -26,6 +27,9 @@ urlpatterns = [
     path("trajectories/", explorer.explorer, name="explorer"),
     path("trajectories/curate/", explorer.explorer_curate, name="explorer-curate"),
     path("trajectories/import/", explorer.trajectory_import, name="trajectory-import"),
+    path("trajectories/saved-filters/", saved_filters.saved_filter_create, name="saved-filter-create"),
+    path("trajectories/saved-filters/<int:saved_filter_id>/delete/", saved_filters.saved_filter_remove,
+         name="saved-filter-delete"),
     path("trajectories/compare/", compare.trajectory_compare, name="trajectory-compare"),
     path("trajectories/<int:trajectory_id>/", views.trajectory_detail, name="trajectory"),
     path("trajectories/<int:trajectory_id>/compare-similar/", compare.trajectory_compare_similar,

@@ -55,6 +55,8 @@ TABLE: dict[str, dict[str, str]] = {
     "dashboard:explorer": {"GET": "trajectories:read"},
     "dashboard:explorer-curate": {"POST": "trajectories:curate"},
     "dashboard:trajectory-import": {"GET": "trajectories:read", "POST": "trajectories:write"},
+    "dashboard:saved-filter-create": {"POST": "trajectories:curate"},
+    "dashboard:saved-filter-delete": {"POST": "trajectories:curate"},
     "dashboard:trajectory": {"GET": "trajectories:read"},
     "dashboard:run-curate": {"POST": "trajectories:curate"},
     "dashboard:step-label": {"POST": "trajectories:curate"},
@@ -113,6 +115,7 @@ TABLE: dict[str, dict[str, str]] = {
     "api-trajectory-steps": {"GET": "trajectories:read", "POST": "trajectories:write"},
     "api-trajectory-similar": {"GET": "trajectories:read"},
     "api-trajectory-outcome": {"POST": "trajectories:curate"},
+    "api-outcomes": {"POST": "trajectories:curate"},
     "api-trajectory-events": {"GET": "trajectories:read"},
     "api-steps-view": {"GET": "trajectories:read"},
     "api-steps-index": {"GET": "trajectories:read"},
@@ -198,7 +201,7 @@ def world():
     return {
         "job_id": job.pk, "rollout_id": job.rollouts.first().pk, "fleet_id": job.fleet_id,
         "template_id": job.fleet.template_id, "trajectory_id": run_id, "sandbox_id": 999_999,
-        "cluster_id": 999_999, "queue_id": 999_999, "item_id": 999_999,
+        "cluster_id": 999_999, "queue_id": 999_999, "item_id": 999_999, "saved_filter_id": 999_999,
         "seq": 0, "ref": "no-such-dataset", "name": "no-such-dataset", "version": 1,
         "endpoint": job.endpoint.name, "file": "rows.jsonl",
     }

@@ -48,7 +48,8 @@ def test_the_explorer_filters_and_searches_in_a_fixed_number_of_queries(research
     hit, _, _ = stored(run_record(model="m-1", commands=["tox -e py311"]), run_record(model="m-1"),
                        run_record(model="m-2", commands=["tox -e py311"]))
 
-    with django_assert_num_queries(8):  # session, user, permissions x2, the page, table size and total, snippets
+    with django_assert_num_queries(9):  # session, user, permissions x2, the page, table size and total, snippets,
+        # saved filters
         response = researcher.get("/trajectories/", {"model": "m-1", "q": "tox -e py311"})
 
     assert response.status_code == 200
