@@ -28,8 +28,8 @@ class EndpointSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ModelEndpoint
-        fields = ("name", "base_url", "protocol", "model_names", "key_ref", "allow_private_network", "description",
-                  "created_by", "created_at")
+        fields = ("name", "base_url", "protocol", "model_names", "key_ref", "allow_private_network", "token_capture",
+                  "policy_version_from", "description", "created_by", "created_at")
 
 
 class EndpointRegisterSerializer(serializers.Serializer):
@@ -42,6 +42,13 @@ class EndpointRegisterSerializer(serializers.Serializer):
                                     help_text="env:TROVE_MODEL_KEY_... or file:NAME in TROVE_MODEL_SECRETS_DIR")
     allow_private_network = serializers.BooleanField(default=False, help_text="allow loopback, link-local and "
                                                      "private addresses (a server on this host or network)")
+    token_capture = serializers.ChoiceField(choices=ModelEndpoint.TokenCapture.choices,
+                                            default=ModelEndpoint.TokenCapture.OFF,
+                                            help_text="ask the server for prompt and completion token ids and "
+                                            "logprobs (vllm, sglang); the harness never sees them")
+    policy_version_from = serializers.CharField(max_length=200, required=False, default="", allow_blank=True,
+                                                help_text="where the server says its weights' version: "
+                                                "header:NAME or body:metadata.weight_version")
     description = serializers.CharField(required=False, default="", allow_blank=True)
 
     def validate(self, attrs):

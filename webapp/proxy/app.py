@@ -48,6 +48,14 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from webapp.proxy import jsonfast
 from webapp.proxy.addresses import address_refusal_in, guarded_socket
+from webapp.proxy.capture import (
+    Capture,
+    StreamStripper,
+    capture_request,
+    policy_version,
+    strip_answer,
+    strip_fields,
+)
 from webapp.proxy.protocols import PROTOCOLS, Untranslatable, gemini, messages
 from webapp.proxy.protocols.base import SseParser, chunks_of_response, parse_json_event
 from webapp.proxy.recorder import RecordSink
@@ -103,6 +111,10 @@ class Target:
     endpoint: str = ""
     protocol: str = "chat"
     refusal: str | None = None
+    # RL token capture (webapp/proxy/capture.py): the mode (off, vllm, sglang) and where the server names
+    # the policy version (header:NAME, body:path, or '').
+    token_capture: str = "off"
+    policy_version_from: str = ""
 
 
 Resolve = Callable[[str], Awaitable[Target | None]]
@@ -313,7 +325,8 @@ class _Proxy:
             module.set_model(body, target.model_override)
         stream = module.is_stream(body, request.path)
         if upstream is module:
-            data = raw if not target.model_override or module is gemini else jsonfast.dumps(body)
+            sent, call.capture = capture_request(body, target.token_capture) if module.NAME == "chat" else (body, None)
+            data = raw if sent is body and (not target.model_override or module is gemini) else jsonfast.dumps(sent)
             path = module.upstream_path(body, stream) + _passed_query(request, module)
             return await self._forward(request, target, call, path, data, None)
         try:
@@ -322,6 +335,8 @@ class _Proxy:
             message = f"cannot translate this {module.NAME} call for endpoint {target.endpoint!r} ({upstream.NAME}): {exc}"
             return await _send(request, call.fail_locally(400, "untranslatable", message), call)
         call.upstream_protocol = upstream.NAME
+        if upstream.NAME == "chat":  # the answer is translated back, so nothing of the capture reaches the client
+            upstream_body, call.capture = capture_request(upstream_body, target.token_capture)
         path = upstream.upstream_path(upstream_body, stream)
         data = jsonfast.dumps(getattr(upstream, "upstream_body", lambda b: b)(upstream_body))
         call.upstream_request = data
@@ -338,13 +353,15 @@ class _Proxy:
                 _upstream_url(target, path), data=data, headers=headers, allow_redirects=False,
             ) as upstream:
                 call.status = upstream.status
+                call.upstream_headers = upstream.headers.copy()
                 is_stream = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
                 if translate_from is None:
                     if is_stream:
                         return await _relay_stream(request, upstream, call)
                     call.body = call.redactor.whole(await upstream.read())
                     response = web.Response(
-                        body=call.body, status=upstream.status, headers=_passed_on(upstream.headers, call.redactor)
+                        body=call.for_harness(call.body), status=upstream.status,
+                        headers=_passed_on(upstream.headers, call.redactor),
                     )
                 elif is_stream and upstream.status < 400:
                     return await _relay_translated_stream(request, upstream, call, translate_from)
@@ -385,21 +402,30 @@ async def _relay_stream(
     except ConnectionError:
         call.fail("client_disconnected", "the client went away before the stream started")
         return response
+    # The record keeps the upstream's bytes; the harness gets them without the capture's fields.
+    stripper = StreamStripper(call.capture.hidden) if call.capture is not None and call.capture.strips else None
     while True:
         try:
             chunk = await upstream.content.readany()
         except (aiohttp.ClientError, TimeoutError) as exc:
             call.fail("stream_broken", f"the upstream stream broke: {exc!r}")
-            await _relay_chunk(response, call, call.redactor.end())
+            await _relay_chunk(response, call, *_stripped_tail(call, stripper))
             _drop_connection(request)
             return response
         if not chunk:
             break
-        if not await _relay_chunk(response, call, call.redactor.chunk(chunk)):
+        kept = call.redactor.chunk(chunk)
+        if not await _relay_chunk(response, call, kept, stripper.feed(kept) if stripper else None):
             return response
-    if not await _relay_chunk(response, call, call.redactor.end()):
+    if not await _relay_chunk(response, call, *_stripped_tail(call, stripper)):
         return response
     return await _send(request, response, call)
+
+
+def _stripped_tail(call: _Call, stripper: StreamStripper | None) -> tuple[bytes, bytes | None]:
+    """The redactor's held tail, and what of it (with the stripper's held event) the harness gets."""
+    tail = call.redactor.end()
+    return tail, (stripper.feed(tail) + stripper.end()) if stripper else None
 
 
 async def _gemini_count_tokens(request: web.Request) -> web.Response:
@@ -421,6 +447,7 @@ def _translated_answer(call: _Call, upstream_module: Any, raw: bytes, upstream: 
         kind = "upstream_status" if upstream.status >= 400 else "malformed_body"
         status = upstream.status if upstream.status >= 400 else 502
         return call.fail_locally(status, kind, f"upstream {upstream.status}: {message}")
+    call.hide_captured(native)
     try:
         answer = client.from_chat_response(upstream_module.to_chat_response(native), call.request)
     except Untranslatable as exc:
@@ -488,6 +515,7 @@ def _translate_events(call: _Call, writer: Any, events: list[tuple[str | None, s
         elif "error" in parsed:
             call.fail("malformed_stream", f"error event in stream: {parsed['error']}")
         else:
+            call.hide_captured(parsed)
             chunks.append(parsed)
     return _translate_chunks(call, writer, chunks)
 
@@ -502,14 +530,18 @@ def _translate_chunks(call: _Call, writer: Any, chunks: list[dict[str, Any]]) ->
     return out
 
 
-async def _relay_chunk(response: web.StreamResponse, call: _Call, chunk: bytes) -> bool:
-    """Pass one (redacted) chunk on and keep it for the record; False when the client has gone."""
+async def _relay_chunk(response: web.StreamResponse, call: _Call, chunk: bytes, sent: bytes | None = None) -> bool:
+    """Keep one (redacted) chunk for the record and pass it on (or `sent`, what the harness gets of it
+    when the capture strips fields); False when the client has gone."""
     if not chunk:
         return True
     call.arrivals.append(perf_counter())
     call.chunks.append(chunk)
+    sent = chunk if sent is None else sent
+    if not sent:
+        return True
     try:
-        await response.write(chunk)
+        await response.write(sent)
     except ConnectionError:
         call.fail("client_disconnected", "the client went away during the stream")
         return False
@@ -556,6 +588,8 @@ class _Call:
     error: str | None = None
     error_kind: str | None = None
     local_error_body: dict[str, Any] | None = None
+    capture: Capture | None = None
+    upstream_headers: CIMultiDict[str] = field(default_factory=CIMultiDict)
     redactor: _Redactor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -564,6 +598,15 @@ class _Call:
     def fail(self, kind: str, message: str) -> None:
         if self.error is None:  # the first failure is the cause; later ones follow from it
             self.error_kind, self.error = kind, message
+
+    def for_harness(self, body: bytes) -> bytes:
+        """A whole answer as the harness gets it: without the capture's fields it did not ask for."""
+        return strip_answer(body, self.capture.hidden) if self.capture is not None and self.capture.strips else body
+
+    def hide_captured(self, answer: dict[str, Any]) -> None:
+        """Before a chat answer (or chunk) is translated for the harness: the capture's fields out of it."""
+        if self.capture is not None and self.capture.strips:
+            strip_fields(answer, self.capture.hidden)
 
     def fail_locally(self, status: int, kind: str, message: str) -> web.Response:
         """The proxy answers for the upstream: an error body in the client's protocol, recorded as the response."""
@@ -580,6 +623,8 @@ class _Call:
         response = native
         if native is not None and module.NAME != "chat" and self.local_error_body is None and self.status < 400:
             response = module.to_chat_response(native)
+        if self.capture is not None and self.upstream_protocol == "chat" and response is not None:
+            response = _with_token_fields(response, self._upstream_chat_answer())
         usage = response.get("usage") if response else None
         return CallRecord(
             call_id=self.call_id,
@@ -599,7 +644,28 @@ class _Call:
             protocol=self.protocol,
             upstream_protocol=self.upstream_protocol or self.target.protocol,
             raw=self._raw_exchange(),
+            token_capture=self.capture.mode if self.capture is not None else None,
+            policy_version=self._policy_version(response),
         )
+
+    def _policy_version(self, response: dict[str, Any] | None) -> str | None:
+        source = self.target.policy_version_from
+        if not source or self.status >= 400 or self.local_error_body is not None:
+            return None
+        answer = self._upstream_chat_answer() if self.upstream_protocol == "chat" else response
+        version = policy_version(source, headers=self.upstream_headers, answer=answer)
+        return None if version is None else self.redactor.text(version)
+
+    def _upstream_chat_answer(self) -> dict[str, Any] | None:
+        """A translated call's upstream answer when that was Chat Completions (whole, or its stream
+        assembled): where the token ids are."""
+        if self.upstream_chunks:
+            return PROTOCOLS["chat"].assemble(self.upstream_chunks).body
+        try:
+            answer = jsonfast.loads(self.upstream_response) if self.upstream_response else None
+        except ValueError:
+            return None
+        return answer if isinstance(answer, dict) else None
 
     def _normalised_request(self) -> dict[str, Any]:
         """The request as Chat Completions. A request of another protocol that has no chat form (a tool
@@ -654,6 +720,16 @@ class _Call:
         elif not isinstance(body, dict):
             self.fail("malformed_body", f"the upstream body is not a JSON object: {self.body[:200]!r}")
         return body if isinstance(body, dict) else None
+
+
+def _with_token_fields(response: dict[str, Any], upstream: dict[str, Any] | None) -> dict[str, Any]:
+    """The recorded (translated) response with the upstream chat answer's token ids and logprobs."""
+    choices = (upstream or {}).get("choices") or [{}]
+    first = choices[0] if isinstance(choices[0], dict) else {}
+    kept = {key: first[key] for key in ("token_ids", "prompt_token_ids", "logprobs") if first.get(key) is not None}
+    top = {"prompt_token_ids": upstream["prompt_token_ids"]} if upstream and upstream.get("prompt_token_ids") else {}
+    own = response.get("choices") or [{}]
+    return {**response, **top, "choices": [{**(own[0] if isinstance(own[0], dict) else {}), **kept}, *own[1:]]}
 
 
 def _upstream_error_message(status: int, body: Any, raw: bytes) -> str:

@@ -59,6 +59,10 @@ class CallRecord:
     protocol: str = "chat"
     upstream_protocol: str = "chat"
     raw: dict[str, Any] | None = None
+    # The endpoint's token capture mode when the proxy asked the server for token ids (webapp/proxy/
+    # capture.py), and the policy version the server gave, read where the endpoint says.
+    token_capture: str | None = None
+    policy_version: str | None = None
 
     @property
     def is_error(self) -> bool:
@@ -133,7 +137,10 @@ class CallRecord:
             "reasoning": message.get("reasoning_content") or message.get("reasoning"),
             "logprobs": (choice.get("logprobs") or {}).get("content") or None,
             "token_ids": choice.get("token_ids"),
-            "prompt_token_ids": (self.response or {}).get("prompt_token_ids"),
+            # vLLM puts the prompt's ids at the top level, SGLang in the choice.
+            "prompt_token_ids": (self.response or {}).get("prompt_token_ids") or choice.get("prompt_token_ids"),
+            "token_capture": self.token_capture,
+            "policy_version": self.policy_version,
         }
         payload.update({key: value for key, value in optional.items() if value is not None})
         return payload

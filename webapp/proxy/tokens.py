@@ -42,8 +42,8 @@ QUERY_TIMEOUT_S = 10.0  # past this the calls waiting get 503 rather than hang w
 CONNECT_TIMEOUT_S = 5
 _Answer = Target | None | Exception
 # token hash, rollout id, trajectory id, the job's endpoint: base URL, key reference, private network
-# allowed, name, protocol; and the job's model name
-Row = tuple[str, int, int, str, str, bool, str, str, str]
+# allowed, name, protocol; the job's model name; the endpoint's token capture and policy version source
+Row = tuple[str, int, int, str, str, bool, str, str, str, str, str]
 
 
 class Lookup(Protocol):
@@ -120,12 +120,14 @@ class TokenResolver:
         return {by_hash[row[0]]: self._target(*row) for row in rows}
 
     def _target(self, token_hash: str, rollout_id: int, trajectory_id: int, base_url: str, key_ref: str,
-                allow_private_network: bool, endpoint: str, protocol: str, model_name: str) -> Target:
+                allow_private_network: bool, endpoint: str, protocol: str, model_name: str, token_capture: str = "off",
+                policy_version_from: str = "") -> Target:
         # The job's model is forced on every call: a harness sends whatever model its config or its own
         # defaults name (Claude Code asks for a small model for side tasks), and the job pins one.
         target = Target(rollout_id=str(rollout_id), trajectory_id=str(trajectory_id), upstream_base_url=base_url,
                         allow_private_network=bool(allow_private_network), endpoint=endpoint, protocol=protocol,
-                        model_override=model_name or None)
+                        model_override=model_name or None, token_capture=token_capture or "off",
+                        policy_version_from=policy_version_from or "")
         try:
             key = self._keys.get(key_ref)
         except Exception as exc:  # one endpoint's unreadable key must not fail other jobs' calls
@@ -232,7 +234,8 @@ def _running_rollouts_sql(count: int) -> str:
         return f"e.{q(_column(ModelEndpoint, name))}"
 
     return (f"SELECT {r('token')}, {r('id')}, {r('trajectory')}, {e('base_url')}, {e('key_ref')}, "
-            f"{e('allow_private_network')}, {e('name')}, {e('protocol')}, {j('model_name')} "
+            f"{e('allow_private_network')}, {e('name')}, {e('protocol')}, {j('model_name')}, "
+            f"{e('token_capture')}, {e('policy_version_from')} "
             f"FROM {q(Rollout._meta.db_table)} r JOIN {q(RolloutJob._meta.db_table)} j ON {j('id')} = {r('job')} "
             f"JOIN {q(ModelEndpoint._meta.db_table)} e ON {e('id')} = {j('endpoint')} "
             f"WHERE {r('status')} = %s AND {r('trajectory')} IS NOT NULL "

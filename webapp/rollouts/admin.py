@@ -31,7 +31,8 @@ class ModelEndpointForm(forms.ModelForm):
 
     class Meta:
         model = ModelEndpoint
-        fields = ("name", "base_url", "protocol", "model_names", "key_ref", "allow_private_network", "description")
+        fields = ("name", "base_url", "protocol", "model_names", "key_ref", "allow_private_network", "token_capture",
+                  "policy_version_from", "description")
 
     def clean(self):
         data = super().clean()
@@ -41,7 +42,9 @@ class ModelEndpointForm(forms.ModelForm):
             data.update(endpoint_fields_clean(
                 name=data["name"], base_url=data["base_url"], protocol=data["protocol"],
                 model_names=data["model_names"] if isinstance(data["model_names"], list) else [],
-                key_ref=data.get("key_ref", ""), allow_private_network=data.get("allow_private_network", False)))
+                key_ref=data.get("key_ref", ""), allow_private_network=data.get("allow_private_network", False),
+                token_capture=data.get("token_capture", "off"),
+                policy_version_from=data.get("policy_version_from", "")))
         except ValidationError as error:
             field = error.field if error.field in self.fields else None
             self.add_error(field, error.message)
@@ -51,8 +54,9 @@ class ModelEndpointForm(forms.ModelForm):
 @admin.register(ModelEndpoint)
 class ModelEndpointAdmin(admin.ModelAdmin):
     form = ModelEndpointForm
-    list_display = ("name", "protocol", "base_url", "allow_private_network", "key_ref", "created_by", "created_at")
-    list_filter = ("protocol", "allow_private_network")
+    list_display = ("name", "protocol", "base_url", "allow_private_network", "token_capture", "key_ref", "created_by",
+                    "created_at")
+    list_filter = ("protocol", "allow_private_network", "token_capture")
     readonly_fields = ("created_by", "created_at")
 
     def save_model(self, request, obj, form, change):

@@ -36,6 +36,8 @@ KEY_REF_SHAPE = "key_ref: must be env:NAME or file:NAME (a reference to the key,
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,99}")
 _ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+_HEADER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,99}")
+_BODY_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}(\.[A-Za-z_][A-Za-z0-9_]{0,63}){0,4}")
 Resolver = Callable[..., list[tuple[Any, ...]]]
 
 
@@ -97,8 +99,8 @@ def _secret_file(name: str) -> str:
 # --- registration --------------------------------------------------------------------------------------
 
 def endpoint_fields_clean(*, name: str, base_url: str, protocol: str, model_names: Iterable[str],
-                          key_ref: str = "", allow_private_network: bool = False,
-                          resolve: Resolver = socket.getaddrinfo) -> dict[str, Any]:
+                          key_ref: str = "", allow_private_network: bool = False, token_capture: str = "off",
+                          policy_version_from: str = "", resolve: Resolver = socket.getaddrinfo) -> dict[str, Any]:
     """The endpoint's fields, checked and normalised; ValidationError naming the first bad one."""
     if not _NAME.fullmatch(name or ""):
         raise ValidationError("name: lower-case letters, digits, '-' and '_', at most 100", field="name")
@@ -110,7 +112,34 @@ def endpoint_fields_clean(*, name: str, base_url: str, protocol: str, model_name
     if key_ref:
         key_reference_check(key_ref)
     return {"name": name, "base_url": url, "protocol": protocol, "model_names": _model_names(model_names),
-            "key_ref": key_ref, "allow_private_network": allow_private_network}
+            "key_ref": key_ref, "allow_private_network": allow_private_network,
+            "token_capture": token_capture_check(token_capture, protocol=protocol),
+            "policy_version_from": policy_version_source_check(policy_version_from)}
+
+
+def token_capture_check(token_capture: str, *, protocol: str) -> str:
+    """A capture mode the endpoint's protocol can carry: vLLM's and SGLang's fields are Chat Completions'."""
+    mode = (token_capture or ModelEndpoint.TokenCapture.OFF).strip()
+    if mode not in ModelEndpoint.TokenCapture.values:
+        raise ValidationError(f"token_capture: one of {', '.join(ModelEndpoint.TokenCapture.values)}",
+                              field="token_capture")
+    if mode != ModelEndpoint.TokenCapture.OFF and protocol != ModelEndpoint.Protocol.CHAT:
+        raise ValidationError(f"token_capture: {mode} asks a Chat Completions server for token ids; this endpoint "
+                              f"speaks {protocol}", field="token_capture")
+    return mode
+
+
+def policy_version_source_check(source: str) -> str:
+    """`header:NAME` (a response header) or `body:a.b.c` (a field of the answer's JSON), or ''."""
+    source = (source or "").strip()
+    if not source:
+        return ""
+    kind, _, name = source.partition(":")
+    if (kind == "header" and _HEADER_NAME.fullmatch(name)) or (kind == "body" and _BODY_PATH.fullmatch(name)):
+        return source
+    raise ValidationError("policy_version_from: header:NAME (a response header) or body:field.path (at most 5 "
+                          "names of letters, digits and '_'), e.g. body:metadata.weight_version",
+                          field="policy_version_from")
 
 
 def base_url_check(base_url: str) -> str:

@@ -64,6 +64,11 @@ class ModelEndpoint(models.Model):
         MESSAGES = "messages", "Anthropic Messages"
         GEMINI = "gemini", "Gemini API"
 
+    class TokenCapture(models.TextChoices):
+        OFF = "off", "off"
+        VLLM = "vllm", "vLLM (return_token_ids, logprobs)"
+        SGLANG = "sglang", "SGLang (return_prompt_token_ids, return_token_ids, logprobs)"
+
     name = models.SlugField(max_length=100, unique=True)
     base_url = models.CharField(max_length=500, help_text="e.g. http://vllm.internal:8000/v1 (with /v1 for chat)")
     protocol = models.CharField(max_length=16, choices=Protocol.choices, default=Protocol.CHAT)
@@ -73,6 +78,13 @@ class ModelEndpoint(models.Model):
     # Loopback, link-local and private addresses are refused unless this is set (a server on the same host or
     # network: the demo model, a lab's vLLM). A trainer can never set it: only admins and ops register.
     allow_private_network = models.BooleanField(default=False)
+    # Token-level data for RL samples (webapp/proxy/capture.py): the proxy asks the server for prompt and
+    # completion token ids and logprobs in the fields its kind of server reads, and strips them from what the
+    # harness gets unless it asked itself.
+    token_capture = models.CharField(max_length=16, choices=TokenCapture.choices, default=TokenCapture.OFF)
+    # Where the server says which weights served a call: `header:NAME` or `body:dotted.path`; blank = nowhere.
+    policy_version_from = models.CharField(max_length=200, blank=True,
+                                           help_text="header:X-Weights-Version or body:metadata.weight_version")
     description = models.TextField(blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")

@@ -104,6 +104,12 @@ def test_a_private_address_needs_allow_private_network(base_url, reason):
     ({"protocol": "grpc"}, "protocol"),
     ({"model_names": []}, "model_names"),
     ({"api_key": "sk-pasted"}, "api_key"),
+    ({"token_capture": "tgi"}, "token_capture"),
+    ({"token_capture": "vllm", "protocol": "messages"}, "token_capture"),
+    ({"policy_version_from": "cookie:session"}, "policy_version_from"),
+    ({"policy_version_from": "header:X Bad Name"}, "policy_version_from"),
+    ({"policy_version_from": "body:a.b.c.d.e.f"}, "policy_version_from"),
+    ({"policy_version_from": "body:__class__..x"}, "policy_version_from"),
 ])
 def test_bad_registrations_name_the_field_and_write_nothing(change, field):
     response = register(persona("ops"), **change)
@@ -113,6 +119,18 @@ def test_bad_registrations_name_the_field_and_write_nothing(change, field):
     assert body.get("field") == field or field in body, body
     assert "sk-in-the-url" not in response.content.decode() and "sk-pasted" not in response.content.decode()
     assert not ModelEndpoint.objects.exists()
+
+
+def test_an_endpoint_registered_with_token_capture_says_so():
+    ops = persona("ops")
+    created = register(ops, token_capture="sglang", policy_version_from="body:metadata.weight_version")
+
+    assert created.status_code == 201, created.json()
+    assert (created.json()["token_capture"], created.json()["policy_version_from"]) == \
+        ("sglang", "body:metadata.weight_version")
+    endpoint = ModelEndpoint.objects.get()
+    assert (endpoint.token_capture, endpoint.policy_version_from) == ("sglang", "body:metadata.weight_version")
+    assert register(ops, name="plain").json()["token_capture"] == "off"
 
 
 def test_a_taken_name_is_a_conflict():

@@ -143,3 +143,22 @@ def test_a_lookup_connection_the_database_dropped_is_replaced(trove_proxy, upstr
 
     assert send(chat_url(server, rollout.proxy_token), body=BODY).status == 200
 
+
+
+def test_a_rollouts_endpoint_with_token_capture_has_its_calls_ask_for_token_ids(trove_proxy, upstream: UpstreamState):
+    """The lookup carries the endpoint's capture mode and policy version source to the proxy."""
+    from tests.webapp.rollouts.jobs_factories import make_endpoint
+
+    server, sink = trove_proxy
+    endpoint = make_endpoint(f"{upstream.url}/v1", model_names=["scripted-ok"], token_capture="vllm",
+                             policy_version_from="header:X-Request-Id")
+    rollout = running_rollout(endpoint=endpoint)
+    call_id = new_call_id()
+
+    assert send(chat_url(server, rollout.proxy_token), body=BODY, call_id=call_id).status == 200
+    sink.flush(10)
+
+    sent = json.loads(upstream.requests[-1]["raw"])
+    assert sent["return_token_ids"] is True and sent["logprobs"] is True
+    payload = Step.objects.get(call_id=call_id).payload
+    assert payload["token_capture"] == "vllm" and payload["policy_version"] == "req-ok"

@@ -115,16 +115,20 @@ def admin_client_():
 
 def admin_form(**fields) -> dict:
     return {"name": "hosted", "base_url": "https://93.184.216.34/v1", "protocol": "chat",
-            "model_names": '["gpt-4.1-mini"]', "key_ref": "", "description": "", **fields}
+            "model_names": '["gpt-4.1-mini"]', "key_ref": "", "description": "", "token_capture": "off",
+            "policy_version_from": "", **fields}
 
 
 def test_the_admin_form_runs_the_same_checks(admin_client_):
     refused_key = admin_client_.post("/admin/rollouts/modelendpoint/add/", admin_form(key_ref="env:SECRET_KEY"))
     refused_address = admin_client_.post("/admin/rollouts/modelendpoint/add/",
                                          admin_form(base_url="http://169.254.169.254/latest"))
+    refused_capture = admin_client_.post("/admin/rollouts/modelendpoint/add/",
+                                         admin_form(protocol="messages", token_capture="vllm"))
     created = admin_client_.post("/admin/rollouts/modelendpoint/add/", admin_form(key_ref="env:TROVE_MODEL_KEY_X"))
 
     assert refused_key.status_code == 200 and "TROVE_MODEL_KEY_" in refused_key.content.decode()
+    assert refused_capture.status_code == 200 and "speaks messages" in refused_capture.content.decode()
     assert refused_address.status_code == 200 and "link-local" in refused_address.content.decode()
     assert created.status_code == 302
     endpoint = ModelEndpoint.objects.get()

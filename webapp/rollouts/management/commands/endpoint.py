@@ -2,7 +2,8 @@
 
     manage.py endpoint add openai --url https://api.openai.com/v1 --model gpt-4.1-mini \
         --key-ref env:TROVE_MODEL_KEY_OPENAI
-    manage.py endpoint add lab-vllm --url http://10.0.0.7:8000/v1 --model qwen3-8b --allow-private-network
+    manage.py endpoint add lab-vllm --url http://10.0.0.7:8000/v1 --model qwen3-8b --allow-private-network \
+        --token-capture vllm --policy-version-from header:X-Weights-Version
     manage.py endpoint list
 """
 
@@ -29,6 +30,11 @@ class Command(BaseCommand):
         add.add_argument("--key-ref", default="", help="env:TROVE_MODEL_KEY_... or file:NAME (never the key)")
         add.add_argument("--allow-private-network", action="store_true",
                          help="allow loopback, link-local and private addresses (a server on this host or network)")
+        add.add_argument("--token-capture", default=ModelEndpoint.TokenCapture.OFF,
+                         choices=ModelEndpoint.TokenCapture.values,
+                         help="ask the server for token ids and logprobs in its own fields (RL samples)")
+        add.add_argument("--policy-version-from", default="",
+                         help="header:NAME or body:metadata.weight_version: where the server names its weights")
         add.add_argument("--description", default="")
         actions.add_parser("list", help="list the endpoints")
 
@@ -43,7 +49,8 @@ class Command(BaseCommand):
             endpoint = endpoint_register(
                 name=options["name"], base_url=options["url"], protocol=options["protocol"],
                 model_names=options["models"], key_ref=options["key_ref"], description=options["description"],
-                allow_private_network=options["allow_private_network"])
+                allow_private_network=options["allow_private_network"], token_capture=options["token_capture"],
+                policy_version_from=options["policy_version_from"])
         except TroveError as error:
             raise CommandError(error.message) from None
         self.stdout.write(self.style.SUCCESS(f"Registered endpoint {endpoint.name!r}: {endpoint.base_url} "
