@@ -11,8 +11,13 @@ Endpoints: `POST /v1/chat/completions` (OpenAI Chat Completions), `POST /v1/resp
 stream of that protocol's SSE events; `GET /v1/models`, `GET /v1/models/{id}`, `GET /healthz`.
 With tools offered, the policy runs its commands through the request's shell-like tool (workers.demo.
 policy.next_turn) and ends with a plain answer; without, it answers in text with a ```bash block. With
-`logprobs` / `return_token_ids` (chat) or `include: ["message.output_text.logprobs"]` (Responses) it returns
-token logprobs and ids from a small deterministic tokenizer (workers.demo.wire).
+`logprobs` / `return_token_ids` / `return_prompt_token_ids` (chat: vLLM's and SGLang's fields) or
+`include: ["message.output_text.logprobs"]` (Responses) it returns token logprobs and ids from a small
+deterministic tokenizer over a ChatML-style template (workers.demo.wire), so the ids of a growing
+conversation chain as a real server's do. `make_app(generations=[...])` keeps what it generated for each
+chat call (prompt ids, completion ids, logprobs): the record a test checks RL samples against.
+`make_app(weight_version=...)` names the "weights" in an `X-Weight-Version` header and, on whole chat
+answers, in `metadata.weight_version` (where SGLang puts it).
 Randomness: the policy is seeded from the user text before the first reply plus the request's `seed` (or,
 without one, its `user` field; Codex's `prompt_cache_key`, Claude Code's `metadata.user_id`), so the same
 conversation and seed always get the same reply.
@@ -45,17 +50,24 @@ _STAND_IN_HEADERS = {"X-Trove-Stand-In": "demo"}
 _MAX_BODY_BYTES = 8 * 1024 * 1024
 _LATENCY = web.AppKey("latency_s", float)
 _CHUNK_DELAY = web.AppKey("chunk_delay_s", float)
+_GENERATIONS = web.AppKey("generations", object)
+_WEIGHT_VERSION = web.AppKey("weight_version", object)
+WEIGHT_VERSION_HEADER = "X-Weight-Version"
 
 
 _BadRequest = wire.BadRequest
 
 
-def make_app(*, latency_s: float = 0.0, chunk_delay_s: float = 0.0) -> web.Application:
+def make_app(*, latency_s: float = 0.0, chunk_delay_s: float = 0.0, generations: list | None = None,
+             weight_version: str | None = None) -> web.Application:
     """`latency_s` delays every reply and `chunk_delay_s` every stream chunk, to look like a real server
-    in a demo (time to first token); both default to 0."""
+    in a demo (time to first token); both default to 0. `generations`, when given, gets one
+    `wire.generation_record` per chat call served; `weight_version` is reported with every answer."""
     app = web.Application(client_max_size=_MAX_BODY_BYTES)
     app[_LATENCY] = latency_s
     app[_CHUNK_DELAY] = chunk_delay_s
+    app[_GENERATIONS] = generations
+    app[_WEIGHT_VERSION] = weight_version
     app.router.add_post("/v1/chat/completions", _handler("chat"))
     app.router.add_post("/v1/responses", _handler("responses"))
     app.router.add_post("/v1/messages", _handler("messages"))
@@ -207,15 +219,23 @@ def _handler(protocol: str) -> Callable[[web.Request], Awaitable[web.StreamRespo
         try:
             body = await _json_body(request)
             streamed = _is_streamed(protocol, request, body)
-            events = stream_events(body, protocol) if streamed else None
-            answer = None if streamed else completion(body, protocol)
+            body, reply = reply_for(protocol, body)
         except _BadRequest as exc:
             return _error(400, str(exc), param=exc.param, protocol=protocol)
+        response_id = _response_id(protocol)
+        events = _WIRES[protocol].stream(body, reply, response_id) if streamed else None
+        answer = None if streamed else _WIRES[protocol].answer(body, reply, response_id)
+        version = request.app[_WEIGHT_VERSION]
+        headers = {**_STAND_IN_HEADERS, **({WEIGHT_VERSION_HEADER: version} if version else {})}
+        if protocol == "chat" and request.app[_GENERATIONS] is not None:
+            request.app[_GENERATIONS].append(wire.generation_record(body, reply))
         if request.app[_LATENCY]:
             await asyncio.sleep(request.app[_LATENCY])
         if answer is not None:
-            return web.json_response(answer, headers=_STAND_IN_HEADERS)
-        return await _stream(request, events or [])
+            if version and protocol == "chat":
+                answer["metadata"] = {"weight_version": version}
+            return web.json_response(answer, headers=headers)
+        return await _stream(request, events or [], headers)
 
     return handle
 
@@ -246,10 +266,8 @@ async def _preconnect(request: web.Request) -> web.Response:
     return web.Response(status=200, headers=_STAND_IN_HEADERS)
 
 
-async def _stream(request: web.Request, events: list[bytes]) -> web.StreamResponse:
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **_STAND_IN_HEADERS}
-    )
+async def _stream(request: web.Request, events: list[bytes], headers: dict[str, str]) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
     await response.prepare(request)
     for event in events:
         await response.write(event)

@@ -6,7 +6,10 @@ Protocols: OpenAI Chat Completions (`chat`), OpenAI Responses (`responses`), Ant
 the proxy's translators), so the proxy's translation is checked against an independent implementation.
 
 Everything is deterministic for a given request: tool-call ids come from the conversation, the tokenizer is
-a word splitter with hashed ids. Reasoning is produced only when the request asks for it (chat
+a word splitter with hashed ids. Token ids (chat, on request) come from a small ChatML-style template
+(`chat_prompt_tokens`): each message is a text turn, tokenised on its own, so when a harness only appends
+to its history a call's prompt ids begin with the previous call's prompt and completion ids, as they do
+with a real server's template. It is a stand-in's tokenizer, not any model's. Reasoning is produced only when the request asks for it (chat
 `reasoning_effort`, Responses `reasoning`, Messages `thinking`, Gemini `thinkingConfig.includeThoughts`).
 """
 
@@ -46,6 +49,56 @@ def token_id(piece: str) -> int:
 
 def token_logprob(piece: str) -> float:
     return -round((token_id(piece) % 997) / 1000 + 0.001, 3)
+
+
+# The template's turn markers: special ids outside the word vocabulary, never produced by a word.
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+SPECIAL_IDS = {IM_START: VOCABULARY, IM_END: VOCABULARY + 1}
+
+
+def piece_id(piece: str) -> int:
+    return SPECIAL_IDS.get(piece, token_id(piece))
+
+
+def text_pieces(text: str) -> list[str]:
+    return pieces(text) if text else []
+
+
+def turn_body(message: dict[str, Any]) -> str:
+    """A message's text in the template: reasoning (when the message carries it), content, then each tool
+    call as `<tool_call>{"name": ..., "arguments": ...}</tool_call>` with the arguments as sent."""
+    body = f"<think>{message['reasoning_content']}</think>" if message.get("reasoning_content") else ""
+    body += _content_text(message.get("content"))
+    for call in message.get("tool_calls") or []:
+        function = (call.get("function") or {}) if isinstance(call, dict) else {}
+        body += "<tool_call>" + json.dumps({"name": function.get("name"), "arguments": function.get("arguments")}) \
+            + "</tool_call>"
+    return body
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return content if isinstance(content, str) else ""
+
+
+def turn_pieces(message: dict[str, Any]) -> list[str]:
+    """One message as template pieces: `<|im_start|>role\n body <|im_end|> \n`, each part tokenised alone
+    so that a turn's tokens never depend on its neighbours."""
+    role = str(message.get("role") or "")
+    return [IM_START, *text_pieces(f"{role}\n"), *text_pieces(turn_body(message)), IM_END, "\n"]
+
+
+def chat_prompt_tokens(messages: list[dict[str, Any]]) -> list[int]:
+    """The prompt's ids: every message's turn, then the generation prompt `<|im_start|>assistant\n`."""
+    ids = [piece_id(piece) for message in messages for piece in turn_pieces(message)]
+    return ids + [piece_id(piece) for piece in [IM_START, *text_pieces("assistant\n")]]
+
+
+def completion_pieces(reply: Reply) -> list[str]:
+    """What the stand-in generates for a chat turn: the body of the assistant message it answers with, and
+    the end-of-turn marker (the newline after it is the template's, in the next prompt)."""
+    return [*text_pieces(turn_body(chat_message(reply))), IM_END]
 
 
 def count_tokens(text: str) -> int:
@@ -143,22 +196,35 @@ def chat_usage(reply: Reply) -> dict[str, int]:
             "total_tokens": reply.prompt_tokens + reply.completion_tokens}
 
 
-def chat_logprobs(text: str) -> dict[str, Any]:
+def chat_logprobs(tokens: list[str]) -> dict[str, Any]:
+    """Logprobs of generated pieces: one entry per completion token (tool-call text and the end marker
+    included), as a server reports them for every token it sampled."""
     return {"content": [{"token": p, "logprob": token_logprob(p), "bytes": list(p.encode()), "top_logprobs": []}
-                        for p in pieces(text)]}
+                        for p in tokens]}
 
 
 def chat_completion(body: dict[str, Any], reply: Reply, response_id: str) -> dict[str, Any]:
+    generated = completion_pieces(reply)
     choice: dict[str, Any] = {"index": 0, "message": chat_message(reply),
-                              "logprobs": chat_logprobs(reply.text) if body.get("logprobs") else None,
+                              "logprobs": chat_logprobs(generated) if body.get("logprobs") else None,
                               "finish_reason": reply.finish}
     completion: dict[str, Any] = {"id": response_id, "object": "chat.completion", "created": int(time.time()),
                                   "model": MODEL_ID, "system_fingerprint": MODEL_ID, "choices": [choice],
                                   "usage": chat_usage(reply)}
-    if body.get("return_token_ids"):  # vLLM's switch: the prompt's and the completion's token ids
-        choice["token_ids"] = [token_id(p) for p in pieces(reply.text)]
-        completion["prompt_token_ids"] = [token_id(p) for p in pieces(json.dumps(body["messages"]))]
+    if body.get("return_token_ids"):  # vLLM's and SGLang's switch: the completion's token ids
+        choice["token_ids"] = [piece_id(p) for p in generated]
+        completion["prompt_token_ids"] = chat_prompt_tokens(body["messages"])  # vLLM's place for them
+    if body.get("return_prompt_token_ids"):  # SGLang's: the prompt's ids, in the choice
+        choice["prompt_token_ids"] = chat_prompt_tokens(body["messages"])
     return completion
+
+
+def generation_record(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
+    """What the stand-in generated for a chat call, as it keeps it (`make_app(generations=...)`): the
+    prompt ids, the completion ids and their logprobs, whatever the request asked to see."""
+    generated = completion_pieces(reply)
+    return {"prompt_ids": chat_prompt_tokens(body["messages"]), "ids": [piece_id(p) for p in generated],
+            "logprobs": [token_logprob(p) for p in generated]}
 
 
 def chat_stream(body: dict[str, Any], reply: Reply, response_id: str) -> list[bytes]:
@@ -167,26 +233,36 @@ def chat_stream(body: dict[str, Any], reply: Reply, response_id: str) -> list[by
     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     extra = {"usage": None} if include_usage else {}
     with_logprobs, with_ids = bool(body.get("logprobs")), bool(body.get("return_token_ids"))
+    # The completion's tokens, handed out in order: one with each content delta, the rest (tool-call
+    # markup, the end marker) with the last chunk, so that the chunks' tokens add up to the whole.
+    generated = completion_pieces(reply)
+    given = {"upto": 0}
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, piece: str | None = None) -> bytes:
+    def chunk(delta: dict[str, Any], finish: str | None = None, tokens: int = 0) -> bytes:
         choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        if piece is not None and with_logprobs:
-            choice["logprobs"] = chat_logprobs(piece)
-        if piece is not None and with_ids:
-            choice["token_ids"] = [token_id(piece)]
+        taken = generated[given["upto"]: given["upto"] + tokens] if tokens >= 0 else generated[given["upto"]:]
+        given["upto"] += len(taken)
+        if taken and with_logprobs:
+            choice["logprobs"] = chat_logprobs(taken)
+        if taken and with_ids:
+            choice["token_ids"] = [piece_id(p) for p in taken]
         return sse({**base, "choices": [choice], **extra})
 
-    events = [chunk({"role": "assistant", "content": ""})]
+    first = {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                  "finish_reason": None}], **extra}
+    if with_ids:  # vLLM sends the prompt's ids with the first chunk
+        first["prompt_token_ids"] = chat_prompt_tokens(body["messages"])
+    events = [sse(first)]
     if reply.reasoning:
         events += [chunk({"reasoning_content": p}) for p in pieces(reply.reasoning)]
-    events += [chunk({"content": p}, piece=p) for p in pieces(reply.text)]
+    events += [chunk({"content": p}, tokens=1) for p in pieces(reply.text)]
     if reply.tool_name:
         head = {"index": 0, "id": reply.call_id, "type": "function",
                 "function": {"name": reply.tool_name, "arguments": ""}}
         events.append(chunk({"tool_calls": [head]}))
         events += [chunk({"tool_calls": [{"index": 0, "function": {"arguments": p}}]})
                    for p in _json_pieces(reply.arguments_json)]
-    events.append(chunk({}, reply.finish))
+    events.append(chunk({}, reply.finish, tokens=-1))
     if include_usage:
         events.append(sse({**base, "choices": [], "usage": chat_usage(reply)}))
     events.append(b"data: [DONE]\n\n")

@@ -284,7 +284,10 @@ def test_token_ids_and_logprobs_the_upstream_returns_are_recorded(protocol_proxy
     assert reply.status == 200
     step = record.to_step_record()
     logprobs = step.payload["logprobs"]
-    assert "".join(t["token"] for t in logprobs) == step.response_text and all(t["logprob"] < 0 for t in logprobs)
+    # The demo model reports a logprob for every token it generated: its reasoning, text and tool call as
+    # its template renders them (workers/demo/wire.py), not the text alone.
+    generated = "".join(t["token"] for t in logprobs)
+    assert step.response_text in generated and all(t["logprob"] < 0 for t in logprobs)
     assert len(step.payload["token_ids"]) == len(logprobs)
     if not stream:
         assert step.payload["prompt_token_ids"]
@@ -294,4 +297,4 @@ def test_token_ids_and_logprobs_the_upstream_returns_are_recorded(protocol_proxy
     _, translated = _call(protocol_proxy, "responses", "chat", codex, stream=stream)
     for record in (passed, translated):
         tokens = record.to_step_record().payload["logprobs"]
-        assert "".join(t["token"] for t in tokens) == record.response["choices"][0]["message"]["content"]
+        assert record.response["choices"][0]["message"]["content"] in "".join(t["token"] for t in tokens)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from workers.demo import wire
 from workers.demo.tasks import get_demo_task
 
 SCHEMA_COMMAND = {"type": "object", "properties": {"command": {"type": "string"},
@@ -292,12 +293,35 @@ def test_token_ids_and_logprobs_come_from_a_deterministic_tokenizer(demo_model_u
     first, again = (json.loads(_post(_root(demo_model_url) + chat.path, body)[1]) for _ in range(2))
     choice = first["choices"][0]
     tokens = choice["logprobs"]["content"]
-    assert "".join(t["token"] for t in tokens) == choice["message"]["content"]
+    # One logprob per generated token: the content, the tool call as the template renders it, the end marker.
+    assert "".join(t["token"] for t in tokens) == wire.turn_body(choice["message"]) + wire.IM_END
     assert all(t["logprob"] < 0 for t in tokens) and len(choice["token_ids"]) == len(tokens)
-    assert first["prompt_token_ids"] and choice == again["choices"][0] | {"message": choice["message"]}
+    assert choice["token_ids"][-1] == wire.SPECIAL_IDS[wire.IM_END]
+    assert first["prompt_token_ids"] == wire.chat_prompt_tokens(body["messages"])
+    assert choice == again["choices"][0] | {"message": choice["message"]}
     streamed = _events(_post(_root(demo_model_url) + chat.path, {**body, "stream": True})[1])
     ids = [i for e in streamed if e["choices"] for i in e["choices"][0].get("token_ids") or []]
-    assert ids == choice["token_ids"]
+    logprobs = [t for e in streamed if e["choices"] for t in (e["choices"][0].get("logprobs") or {}).get("content") or []]
+    assert ids == choice["token_ids"] and logprobs == tokens
+    assert streamed[0]["prompt_token_ids"] == first["prompt_token_ids"]
+
+
+def test_token_ids_of_a_growing_conversation_chain_and_sglang_fields_put_the_prompt_in_the_choice(demo_model_url):
+    """A call whose history only grew: its prompt ids begin with the last call's prompt and completion ids."""
+    chat = Chat(get_demo_task("slugify").instruction, 0)
+    body = {**chat.body, "return_token_ids": True}
+    first = json.loads(_post(_root(demo_model_url) + chat.path, body)[1])
+    message = first["choices"][0]["message"]
+    result = {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "slug.py\ntest_slug.py"}
+    grown = {**body, "messages": [*body["messages"], message, result], "return_prompt_token_ids": True}
+    second = json.loads(_post(_root(demo_model_url) + chat.path, grown)[1])
+    before = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
+    assert second["prompt_token_ids"][: len(before)] == before and len(second["prompt_token_ids"]) > len(before)
+    assert second["choices"][0]["prompt_token_ids"] == second["prompt_token_ids"]
+    edited = {**message, "content": message["content"] + " (edited)"}
+    rerendered = json.loads(_post(_root(demo_model_url) + chat.path,
+                                  {**grown, "messages": [*body["messages"], edited, result]})[1])
+    assert rerendered["prompt_token_ids"][: len(before)] != before
 
 
 def test_count_tokens_preconnect_and_protocol_shaped_errors(demo_model_url):
