@@ -159,6 +159,20 @@ class TroveClient:
         """A recorded run (provenance, outcome, counts) with its first page of steps; `steps_next` pages on."""
         return self._request("GET", f"/api/v1/trajectories/{trajectory_id}/")
 
+    def label_outcomes(self, report: str | Path | dict | list, *, name: str | None = None,
+                       filter: dict | None = None, dry_run: bool = False) -> dict:
+        """Label stored runs from an evaluation report, as `manage.py outcomes` does: a SWE-bench summary or
+        per-instance report.json, or JSONL of {trajectory_id | source_ref | task_key [, sample], reward, success}
+        (a path, the text, or the JSON: a report object or a list of outcome objects). `filter` narrows the runs
+        that may be labelled (the list endpoint's filters); `dry_run` says what would change and writes nothing.
+        Each change is a curation event naming the report. Needs a curator's token."""
+        if isinstance(report, Path):
+            name, report = name or report.name, report.read_text()
+        body: dict[str, Any] = {"report": report, "filter": filter or {}, "dry_run": dry_run}
+        if name:
+            body["name"] = name
+        return self._request("POST", "/api/v1/outcomes/", body)
+
     # --- task sets ---------------------------------------------------------------------------------
 
     def upload_task_set(self, name: str, jsonl: str | Path, *, description: str = "") -> dict:

@@ -19,6 +19,7 @@ Each label says which runs it means (`Target`) and, where the report tells it, t
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +123,17 @@ def read_labels(path: Path) -> list[Label]:
     raise ImportFormatError(path, "not an evaluation report: expected a SWE-bench summary (resolved_ids / "
                                   "unresolved_ids), a SWE-bench logs/<instance_id>/report.json, or a JSONL of "
                                   "{trajectory_id | source_ref | task_key [, sample], reward, success}")
+
+
+def read_labels_from_bytes(data: bytes, *, name: str) -> list[Label]:
+    """The labels of a report given as bytes (an upload, an API body), read as the file `name` would be: a
+    per-instance report is known by its name, report.json. Errors name the file by `name` (they give only a
+    file's name, never the temporary folder)."""
+    safe = Path(name).name or "report"
+    with tempfile.TemporaryDirectory(prefix="trove-report-") as folder:
+        path = Path(folder) / safe
+        path.write_bytes(data)
+        return read_labels(path)
 
 
 def _summary_labels(path: Path) -> Iterator[Label]:

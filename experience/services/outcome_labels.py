@@ -8,6 +8,9 @@ of that task key (and that sample, when given: metadata["sample"]). Where the re
 (the harness summary's file name, the logs/<run_id>/<model>/ folders, a JSONL line's "model"), the runs
 whose model, metadata["run_name"] or source_ref carry one of those names are meant; when none does, every
 run of the task is. Only runs in `scope` are labelled (the runs an import just read, or a --filter).
+
+`dry_run=True` matches and counts exactly as a real run would (what would change, what is already so) and
+writes nothing: no outcome, no curation event.
 """
 
 from __future__ import annotations
@@ -38,11 +41,12 @@ class LabelReport:
     unmatched: list[str] = field(default_factory=list)
     not_judged: list[str] = field(default_factory=list)
     trajectory_ids: list[int] = field(default_factory=list)
+    dry_run: bool = False  # counted as if applied; nothing written
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in ("source", "labelled", "unchanged", "not_mentioned",
                                                        "resolved", "unresolved", "unmatched", "not_judged",
-                                                       "trajectory_ids")}
+                                                       "trajectory_ids", "dry_run")}
 
 
 @dataclass
@@ -59,10 +63,10 @@ class _Run:
 
 
 def trajectories_label_from_report(
-    *, labels: Iterable[Label], scope: QuerySet[Trajectory], source: str, actor: Any = None
+    *, labels: Iterable[Label], scope: QuerySet[Trajectory], source: str, actor: Any = None, dry_run: bool = False
 ) -> LabelReport:
     """Apply a report's labels to the runs of `scope` they name (module docstring). Atomic per verdict."""
-    report = LabelReport(source=source)
+    report = LabelReport(source=source, dry_run=dry_run)
     labels = list(labels)
     runs = _runs(scope, labels)
     verdicts: dict[tuple[bool, float | None], list[int]] = defaultdict(list)
@@ -88,14 +92,25 @@ def _apply(report: LabelReport, ids: list[int], *, success: bool, reward: float 
     values: dict[str, Any] = {"success": success}
     if reward is not None:
         values["reward"] = reward
-    result = trajectories_outcome_set(trajectories=sorted(set(ids)), actor=actor,
-                                      reason=f"outcomes from {report.source}: {verdict}", **values)
-    report.labelled += result.changed
-    report.unchanged += result.matched - result.changed
-    if success:
-        report.resolved += result.matched
+    if report.dry_run:
+        matched, changed = _would_change(sorted(set(ids)), values)
     else:
-        report.unresolved += result.matched
+        result = trajectories_outcome_set(trajectories=sorted(set(ids)), actor=actor,
+                                          reason=f"outcomes from {report.source}: {verdict}", **values)
+        matched, changed = result.matched, result.changed
+    report.labelled += changed
+    report.unchanged += matched - changed
+    if success:
+        report.resolved += matched
+    else:
+        report.unresolved += matched
+
+
+def _would_change(ids: list[int], values: dict[str, Any]) -> tuple[int, int]:
+    """(runs matched, runs whose outcome would change): trajectories_outcome_set's counts, without writing."""
+    rows = list(Trajectory.objects.filter(pk__in=ids).values_list(*values))
+    changed = sum(1 for row in rows if any(old != values[name] for old, name in zip(row, values, strict=True)))
+    return len(rows), changed
 
 
 def _runs(scope: QuerySet[Trajectory], labels: list[Label]) -> list[_Run]:

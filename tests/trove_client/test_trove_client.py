@@ -114,3 +114,25 @@ def test_errors_come_back_as_exceptions_naming_the_field(trove, live_server):
     with pytest.raises(TroveAPIError) as unauthorised:
         TroveClient(live_server.url, "not-a-token").list_jobs()
     assert unauthorised.value.status == 401
+
+
+def test_a_curator_labels_stored_runs_from_a_report_dry_run_first(live_server, transactional_db):
+    from experience.models import CurationEvent, Trajectory
+    from tests.experience.importers.fixture_files import SWE_BENCH_SUMMARY
+    from tests.experience.services.store_factories import RunFactory, stored
+
+    stored(*(RunFactory(task_key=task, model="swe-agent-llama-70b", source_ref=task)
+             for task in ("django__django-11099", "psf__requests-2317")))
+    user = get_user_model().objects.create_user("curator")
+    user.groups.add(role_groups_sync()["curator"])
+    trove = TroveClient(live_server.url, Token.objects.create(user=user).key, timeout=10)
+
+    dry = trove.label_outcomes(SWE_BENCH_SUMMARY, dry_run=True)
+    assert (dry["labelled"], dry["dry_run"], CurationEvent.objects.count()) == (2, True, 0)
+    done = trove.label_outcomes(SWE_BENCH_SUMMARY, filter={"model": "swe-agent-llama-70b"})
+    assert (done["resolved"], done["unresolved"], done["dry_run"]) == (1, 1, False)
+    assert dict(Trajectory.objects.values_list("source_ref", "success")) == {
+        "django__django-11099": True, "psf__requests-2317": False}
+    with pytest.raises(TroveAPIError) as unmatched:
+        trove.label_outcomes([{"task_id": "nobody-1", "reward": 1}])
+    assert unmatched.value.status == 400 and unmatched.value.body["unmatched"] == ["nobody-1"]

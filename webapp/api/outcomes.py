@@ -7,21 +7,33 @@
   run already holds changes nothing and records nothing (`changed: false`).
 - `GET  /api/v1/trajectories/<id>/events/`: the run's curation events (outcome changes, approvals, tags,
   duplicate marks, cluster corrections), newest first, cursor-paged.
+- `POST /api/v1/outcomes/`: `{"report", "name"?, "filter"?, "dry_run"?}` labels stored runs from an evaluation
+  report, as `manage.py outcomes REPORT [--filter ...]` does (experience.services.outcome_labels): `report` is
+  the report's text (a SWE-bench summary, a per-instance report.json, or a JSONL of {trajectory_id |
+  source_ref | task_key [, sample], reward, success}), or the same already parsed (an object, or a list of
+  outcome objects); `name` the report's file name (`report.json` makes an object a per-instance report; the
+  harness summary's `<model>.<run_id>.json` names the model); `filter` narrows the runs that may be labelled
+  (the list endpoint's filter names). Each change is a `set_outcome` curation event whose reason names the
+  report. `dry_run: true` says what would change and writes nothing. 400 when `report` is not a report, or
+  when it matched no run (the body still says which ids matched nothing). Needs `trajectories:curate`.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.urls import path
 from drf_spectacular.utils import extend_schema
-from rest_framework import generics, serializers
+from rest_framework import generics, serializers, status
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from experience.importers.reports import read_labels_from_bytes
 from experience.models import CurationEvent
+from experience.search import filters_from_params, trajectory_search
 from experience.selectors import trajectory_get
 from experience.services.curation import (
     MAX_REASON_CHARS,
@@ -30,6 +42,7 @@ from experience.services.curation import (
     curation_history,
     trajectories_outcome_set,
 )
+from experience.services.outcome_labels import describe_labels, trajectories_label_from_report
 from webapp.api.paging import LimitedCursorPagination
 from webapp.api.parsers import BoundedJSONParser
 
@@ -118,7 +131,77 @@ class TrajectoryEventsApi(generics.ListAPIView):
         return super().get(request, *args, **kwargs)
 
 
+class ReportField(serializers.JSONField):
+    """A report as text, or as JSON already parsed: an object (one document) or a list (JSONL's lines)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        value = super().to_internal_value(data)
+        if isinstance(value, str) and value.strip():
+            return value.encode()
+        if isinstance(value, dict) and value:
+            return json.dumps(value).encode()
+        if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            return "".join(json.dumps(item) + "\n" for item in value).encode()
+        raise serializers.ValidationError(
+            "give the report's text, an object (a SWE-bench report) or a non-empty list of outcome objects")
+
+
+class OutcomesInputSerializer(serializers.Serializer):
+    report = ReportField(help_text="the report's text, or the report as JSON (an object, or a list of outcomes)")
+    name = serializers.CharField(required=False, max_length=255,
+                                 help_text="the report's file name (default report.json for an object, "
+                                           "outcomes.jsonl otherwise)")
+    filter = serializers.DictField(required=False, default=dict, help_text="search filters, as for the list endpoint")
+    dry_run = serializers.BooleanField(required=False, default=False, help_text="say what would change; write nothing")
+
+
+class OutcomesResultSerializer(serializers.Serializer):
+    source = serializers.CharField(help_text="the report, as the curation events name it")  # type: ignore[assignment]
+    labelled = serializers.IntegerField(help_text="runs whose outcome changed (or would, in a dry run)")
+    unchanged = serializers.IntegerField(help_text="runs named that already held the label")
+    not_mentioned = serializers.IntegerField(help_text="runs in the filter's scope the report does not name")
+    resolved = serializers.IntegerField()
+    unresolved = serializers.IntegerField()
+    unmatched = serializers.ListField(child=serializers.CharField(), help_text="report ids that matched no run")
+    not_judged = serializers.ListField(child=serializers.CharField(), help_text="ids the evaluation could not judge")
+    trajectory_ids = serializers.ListField(child=serializers.IntegerField())
+    dry_run = serializers.BooleanField()
+    summary = serializers.CharField(help_text="the same, in one line (as manage.py outcomes prints it)")
+
+
+class OutcomesApi(APIView):
+    scope_area = "trajectories"
+    required_scopes = {"POST": "trajectories:curate"}
+    parser_classes = [BoundedJSONParser]
+
+    @extend_schema(request=OutcomesInputSerializer, responses=OutcomesResultSerializer,
+                   operation_id="outcomes_label")
+    def post(self, request: Request) -> Response:
+        """Label stored runs from an evaluation report (a SWE-bench report or a JSONL of outcomes)."""
+        if not request.user.has_perm(CURATE_PERMISSION):
+            raise PermissionDenied(f"labelling outcomes needs the {CURATE_PERMISSION} permission")
+        given = OutcomesInputSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        data = given.validated_data
+        name = data.get("name") or _default_name(request.data.get("report"))
+        labels = read_labels_from_bytes(data["report"], name=name)
+        scope = trajectory_search(filters=filters_from_params(data["filter"]))
+        result = trajectories_label_from_report(labels=labels, scope=scope, source=f"API upload {name}",
+                                                actor=request.user, dry_run=data["dry_run"]).as_dict()
+        body = OutcomesResultSerializer({**result, "summary": describe_labels(result)}).data
+        if not result["trajectory_ids"]:
+            detail = "the report matched no run in the store" + (" (with the filters given)" if data["filter"] else "")
+            return Response({"error": "outcomes_unmatched", "detail": detail, "field": "report", **body},
+                            status=status.HTTP_400_BAD_REQUEST)
+        return Response(body)
+
+
+def _default_name(report: Any) -> str:
+    return "report.json" if isinstance(report, dict) else "outcomes.jsonl"
+
+
 urlpatterns = [
+    path("outcomes/", OutcomesApi.as_view(), name="api-outcomes"),
     path("trajectories/<int:trajectory_id>/outcome/", TrajectoryOutcomeApi.as_view(), name="api-trajectory-outcome"),
     path("trajectories/<int:trajectory_id>/events/", TrajectoryEventsApi.as_view(), name="api-trajectory-events"),
 ]
