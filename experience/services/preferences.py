@@ -48,17 +48,29 @@ def pairwise_preferences() -> list[list[str]]:
                                                                                              "rejected_id")]
 
 
-def next_unjudged_pair(*, trajectories) -> tuple[Trajectory, Trajectory] | None:
-    """Two runs of the same task among `trajectories` (a queryset) that no preference has judged yet: the
-    task with the most runs first, its two newest runs not yet paired. None when every pair is judged."""
+def unjudged_pairs(*, trajectories, limit: int) -> list[tuple[int, int]]:
+    """Up to `limit` pairs (ids) of two runs of the same task among `trajectories` (a queryset, its newest
+    5000 runs) that no preference has judged yet: the tasks with the most runs first, newest runs first."""
     judged = {frozenset(p) for p in PairwisePreference.objects.values_list("chosen_id", "rejected_id")}
     by_task: dict[str, list[int]] = {}
     for pk, task in trajectories.order_by("-id").values_list("pk", "task_key")[:5000]:
         by_task.setdefault(task, []).append(pk)
+    pairs: list[tuple[int, int]] = []
     for _task, ids in sorted(by_task.items(), key=lambda item: (-len(item[1]), item[0])):
         for i, a in enumerate(ids):
             for b in ids[i + 1:]:
                 if frozenset((a, b)) not in judged:
-                    pair = {t.pk: t for t in Trajectory.objects.filter(pk__in=[a, b])}
-                    return pair[a], pair[b]
-    return None
+                    pairs.append((a, b))
+                    if len(pairs) >= limit:
+                        return pairs
+    return pairs
+
+
+def next_unjudged_pair(*, trajectories) -> tuple[Trajectory, Trajectory] | None:
+    """The first of unjudged_pairs, as runs. None when every pair is judged."""
+    first = unjudged_pairs(trajectories=trajectories, limit=1)
+    if not first:
+        return None
+    a, b = first[0]
+    pair = {t.pk: t for t in Trajectory.objects.filter(pk__in=[a, b])}
+    return pair[a], pair[b]

@@ -1,6 +1,7 @@
 """Review queues in the browser: the list (with progress), making one from the explorer's filters or a random
 sample of them, and working one run by run with the keyboard (webapp/static/trove/queue.js): approve, reject
-with a reason, skip, next; a label on the current step. Thin: a form, a service
+with a reason, skip, next; a label on the current step. A pairs queue shows two runs of a task side by side
+instead: A or B is better (with why), or skip. Thin: a form, a service
 (experience.services.review_queues), a template."""
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from webapp.dashboard.explorer import FILTER_NAMES
 from webapp.dashboard.forms import form_errors
 
 STEPS_SHOWN = 300
+PAIR_STEPS_SHOWN = 60  # each side of a pair
 
 
 class QueueForm(forms.Form):
     name = forms.CharField(max_length=200)
+    kind = forms.ChoiceField(choices=ReviewQueue.Kind.choices, required=False)
     sample = forms.IntegerField(required=False, min_value=1, max_value=review_queues.MAX_ITEMS,
-                                help_text="a random sample of this many runs; empty: every run matching")
+                                help_text="a random sample of this many items; empty: every one matching")
 
 
 @scope_required("trajectories", POST="trajectories:curate")
@@ -47,12 +50,22 @@ def _queue_create(request: HttpRequest) -> HttpResponse:
         return redirect(reverse("dashboard:queues"))
     try:
         queue = review_queues.queue_create(name=form.cleaned_data["name"], filters=filters,
-                                           sample=form.cleaned_data["sample"], actor=request.user)
+                                           sample=form.cleaned_data["sample"], actor=request.user,
+                                           kind=form.cleaned_data["kind"] or ReviewQueue.Kind.RUNS)
     except TroveError as error:
         messages.error(request, error.message)
         return redirect(reverse("dashboard:queues"))
-    messages.success(request, f"Queue {queue.name} made: {queue.items.count()} runs.")
+    count, what = queue.items.count(), "pair" if queue.kind == ReviewQueue.Kind.PAIRS else "run"
+    messages.success(request, f"Queue {queue.name} made: {count} {what}{'s' if count != 1 else ''}.")
     return redirect("dashboard:queue", queue.pk)
+
+
+def _decided(item: ReviewItem, decision: str) -> str:
+    if decision == ReviewItem.Decision.FIRST:
+        return f"Run {item.trajectory_id} preferred to run {item.other_id}."
+    if decision == ReviewItem.Decision.SECOND:
+        return f"Run {item.other_id} preferred to run {item.trajectory_id}."
+    return f"Run{'s' if item.other_id else ''} {item.trajectory_id}{f' and {item.other_id}' if item.other_id else ''}: {decision}."
 
 
 def _queue_or_404(queue_id: int) -> ReviewQueue:
@@ -69,11 +82,17 @@ def queue_detail(request: HttpRequest, queue_id: int) -> HttpResponse:
     item = review_queues.queue_current(queue=queue, user=request.user)
     context = {"queue": queue, "item": item, "progress": review_queues.queue_progress(queue=queue),
                "labels": step_label_set(), "can_curate": request.user.has_perm("experience.change_trajectory")}
-    if item is not None:
-        context["steps"] = list(Step.objects.filter(trajectory_id=item.trajectory_id).order_by("seq")
-                                .values("seq", "kind", "preview")[:STEPS_SHOWN])
+    if item is not None and item.other_id is not None:  # a pair: both runs side by side
+        context["sides"] = [{"run": run, "steps": _steps(run.pk, PAIR_STEPS_SHOWN)} for run in (item.trajectory, item.other)]
+        context["compare_url"] = f"{reverse('dashboard:trajectory-compare')}?a={item.trajectory_id}&b={item.other_id}"
+    elif item is not None:
+        context["steps"] = _steps(item.trajectory_id, STEPS_SHOWN)
         context["step_labels"] = step_labels_of(trajectory_id=item.trajectory_id)
     return render(request, "dashboard/queue.html", context)
+
+
+def _steps(trajectory_id: int, limit: int) -> list[dict]:
+    return list(Step.objects.filter(trajectory_id=trajectory_id).order_by("seq").values("seq", "kind", "preview")[:limit])
 
 
 @scope_required("trajectories", POST="trajectories:curate")
@@ -99,6 +118,6 @@ def queue_decide(request: HttpRequest, queue_id: int, item_id: int) -> HttpRespo
     except TroveError as error:
         messages.error(request, error.message)
         return redirect("dashboard:queue", queue.pk)
-    messages.success(request, f"Run {item.trajectory_id}: {request.POST['decision']}.")
+    messages.success(request, _decided(item, request.POST["decision"]))
     review_queues.queue_claim_next(queue=queue, user=request.user)
     return redirect("dashboard:queue", queue.pk)

@@ -1,5 +1,6 @@
 // Working a review queue with the keyboard: j / k move the current step, l labels it, a approves, r rejects
-// (focus the reason; Enter sends), s skips, n takes the next run. Every action is the page's own form, so the
+// (focus the reason; Enter sends), s skips, n takes the next run. A pairs queue: w focuses the reason, 1 / 2
+// say A / B is better. Every action is the page's own form, so the
 // keys only press its buttons. Keys typed into a field are the field's.
 (function () {
   "use strict";
@@ -35,7 +36,8 @@
     if (event.ctrlKey || event.metaKey || event.altKey) return;
     const actions = {
       j: () => show(current + 1), k: () => show(current - 1), a: () => press("approve"), s: () => press("skip"),
-      n: () => press("take-next"),
+      n: () => press("take-next"), 1: () => press("prefer-a"), 2: () => press("prefer-b"),
+      w: () => { const reason = document.getElementById("reason"); if (reason) reason.focus(); },
       r: () => { const reason = document.getElementById("reason"); if (reason) reason.focus(); },
       l: () => { const form = document.getElementById("queue-label-form"); if (form) form.requestSubmit(); },
     };
