@@ -6,8 +6,9 @@ per-instance logs/.../<instance_id>/report.json, a directory holding such files 
 of {trajectory_id | source_ref | task_key [, sample], reward, success} (see experience.importers.reports).
 --filter narrows the runs that may be labelled, with the explorer's filter names (model=..., harness=...,
 source_format=..., task_set=..., tags=...). Every change is a CurationEvent naming the report
-(experience.services.outcome_labels), so labels can be audited and undone. Exits non-zero when a REPORT is
-not a report, or when no report matched any run.
+(experience.services.outcome_labels), so labels can be audited and undone. --dry-run says what would change and
+writes nothing. Exits non-zero when a REPORT is not a report, or when no report matched any run. The API's
+POST /api/v1/outcomes/ does the same.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Command(BaseCommand):
         parser.add_argument("reports", nargs="+", metavar="REPORT", help="a report file, or a directory of them")
         parser.add_argument("--filter", action="append", default=[], metavar="NAME=VALUE",
                             help="only label runs matching this filter (repeatable), e.g. model=gpt-4o")
+        parser.add_argument("--dry-run", action="store_true", help="say what would change; change nothing")
         parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
     def handle(self, *args, **options):
@@ -37,22 +39,23 @@ class Command(BaseCommand):
             scope = trajectory_search(filters=filters_from_params(_filter_params(options["filter"])))
         except TroveError as error:
             raise CommandError(f"--filter {error.message}") from None
-        results = [self._apply(path, scope) for path in _report_files(options["reports"])]
+        results = [self._apply(path, scope, options["dry_run"]) for path in _report_files(options["reports"])]
         if options["json"]:
             self.stdout.write(json.dumps({"reports": results}))
         else:
             for result in results:
-                self.stdout.write(f"report    {result['source']}: {describe_labels(result)}")
+                would = " (dry run: nothing changed)" if result["dry_run"] else ""
+                self.stdout.write(f"report    {result['source']}: {describe_labels(result)}{would}")
         if not any(r["trajectory_ids"] for r in results):
             raise CommandError("no report matched any run in the store" + (" (with the filters given)"
                                                                           if options["filter"] else ""))
 
-    def _apply(self, path: Path, scope) -> dict:
+    def _apply(self, path: Path, scope, dry_run: bool) -> dict:
         try:
             labels = reports.read_labels(path)
         except TroveError as error:
             raise CommandError(error.message) from None
-        return trajectories_label_from_report(labels=labels, scope=scope, source=str(path)).as_dict()
+        return trajectories_label_from_report(labels=labels, scope=scope, source=str(path), dry_run=dry_run).as_dict()
 
 
 def _filter_params(given: list[str]) -> dict[str, str]:

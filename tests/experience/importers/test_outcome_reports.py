@@ -110,6 +110,15 @@ def test_outcomes_labels_stored_runs_from_a_jsonl_and_every_change_is_a_curation
     assert "1 id(s) matched no run: no-such-task" in out.getvalue()
 
 
+def test_outcomes_dry_run_counts_what_would_change_and_changes_nothing(tmp_path: Path) -> None:
+    trajectories_import_file(path=_unlabelled_rows(tmp_path / "rows"))
+    out = StringIO()
+    call_command("outcomes", str(SWE_BENCH_SUMMARY), "--dry-run", "--filter", "model=swe-agent-llama-8b", stdout=out)
+    assert "2 run(s) labelled (1 resolved, 1 unresolved; 2 changed" in out.getvalue()
+    assert "(dry run: nothing changed)" in out.getvalue()
+    assert set(_outcomes().values()) == {(None, None)} and not CurationEvent.objects.exists()
+
+
 def test_outcomes_filters_narrow_the_runs_and_a_run_of_no_match_fails(tmp_path: Path) -> None:
     trajectories_import_file(path=_unlabelled_rows(tmp_path / "rows"))
     call_command("outcomes", str(SWE_BENCH_SUMMARY), "--filter", "model=swe-agent-llama-8b", stdout=StringIO())
