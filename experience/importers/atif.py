@@ -142,7 +142,9 @@ def _beside(path: Path, relative: str) -> Location | None:
     if candidate.is_absolute() or ".." in candidate.parts:
         return None
     target = path.parent / candidate
-    return Location(target) if target.is_file() else None
+    if not target.is_file() or not target.resolve().is_relative_to(path.parent.resolve()):  # nor a symlink out
+        return None
+    return Location(target)
 
 
 def _record(document: dict[str, Any], loc: Location, ref: str, links: dict[str, str]) -> TrajectoryRecord:

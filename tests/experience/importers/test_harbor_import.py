@@ -171,6 +171,14 @@ def test_a_subagent_file_outside_the_trial_is_not_read(tmp_path: Path) -> None:
     assert refs == ["harbor:5a1c9e7d-0f3b-4e2a-8c6d-9b4f2e1a7c30", "harbor:5a1c9e7d-0f3b-4e2a-8c6d-9b4f2e1a7c30/verifier-1"]
 
 
+def test_a_subagent_file_that_links_out_of_the_trial_is_not_read(tmp_path: Path) -> None:
+    trial = shutil.copytree(HARBOR_BUILT, tmp_path / "trial")
+    (tmp_path / "secret.json").write_text((trial / "agent" / "subagent-checker.trajectory.json").read_text())
+    (trial / "agent" / "subagent-checker.trajectory.json").unlink()
+    (trial / "agent" / "subagent-checker.trajectory.json").symlink_to(tmp_path / "secret.json")
+    assert len(read_all(trial / "result.json")) == 2, "the embedded subagent only"
+
+
 def test_subagent_files_that_name_each_other_are_read_once(tmp_path: Path) -> None:
     folder = tmp_path / "agent"
     folder.mkdir()
