@@ -4,8 +4,10 @@
         [--rollouts 200] [--workers 2] [--concurrency 1] [--query-sample 3] [--keep-db]
 
 What runs: a scratch Postgres database (created for the run, dropped after), Redis as the Celery broker and
-the proxy's record stream, `--workers` real `celery worker` processes (threads pool, `--concurrency` slots
-each) and `celery beat` (the proxy's record ingest every second, the reconciler, the reaper), the recording
+the proxy's record stream, `--workers` real `celery worker` processes of the rollouts' queue (threads pool,
+`--concurrency` slots each), `celery beat` (the proxy's record ingest every second, the reconciler, the reaper)
+and a worker of one slot for beat's queue (with `--shared-periodic`, none: the rollout workers take beat's
+tasks too, as a worker started without -Q does), the recording
 proxy (in this process, recording on), the offline demo model, and local bubblewrap sandboxes (single-use,
 created on demand by each rollout: a cold claim). One uniform job of `--rollouts` rollouts over the demo tasks (10
 tasks x 20 samples by default), with the built-in harness, submitted through `job_create` and enqueued after
@@ -76,7 +78,13 @@ def main() -> None:
     parser.add_argument("--query-sample", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--keep-db", action="store_true", help="keep the scratch database to look at afterwards")
+    parser.add_argument("--shared-periodic", action="store_true",
+                        help="the rollout workers also take beat's periodic tasks (a worker started without -Q); "
+                             "default: a worker of one slot for the periodic queue alone")
     args = parser.parse_args()
+    # Before the settings are read: the periodic queue's name follows the rollouts' (webapp/settings.py).
+    os.environ["TROVE_CELERY_QUEUE"] = f"trove-bench-{uuid.uuid4().hex[:8]}"
+    os.environ.pop("TROVE_CELERY_PERIODIC_QUEUE", None)
     import django
 
     django.setup()
@@ -113,11 +121,13 @@ def run(args: argparse.Namespace, root: Path) -> dict:
     model_url, stop_model = start_demo_model()
     proxy, sink = start_proxy(host="127.0.0.1", port=0)
     settings.TROVE_PROXY_PUBLIC_URL = proxy.base_url
-    queue = f"trove-bench-{uuid.uuid4().hex[:8]}"
-    celery_app.conf.task_default_queue = queue
-    workers = [start_celery(queue, proxy.base_url, root, index, ["worker", "-P", "threads", "-c", str(args.concurrency)])
-               for index in range(args.workers)]
-    workers.append(start_celery(queue, proxy.base_url, root, args.workers, ["beat", "-s", str(root / ".beat")]))
+    queue, periodic = celery_app.conf.task_default_queue, settings.TROVE_CELERY_PERIODIC_QUEUE
+    rollout_queues = f"{queue},{periodic}" if args.shared_periodic else queue
+    workers = [start_celery(rollout_queues, proxy.base_url, root, index,
+                            ["worker", "-P", "threads", "-c", str(args.concurrency)]) for index in range(args.workers)]
+    if not args.shared_periodic:
+        workers.append(start_celery(periodic, proxy.base_url, root, args.workers, ["worker", "-P", "threads", "-c", "1"]))
+    workers.append(start_celery(queue, proxy.base_url, root, args.workers + 1, ["beat", "-s", str(root / ".beat")]))
     try:
         job, seconds = run_job(args, model_url)
         figures = summarise(job, seconds, slots=args.workers * args.concurrency)
@@ -135,19 +145,20 @@ def run(args: argparse.Namespace, root: Path) -> dict:
     return figures
 
 
-def start_celery(queue: str, proxy_url: str, root: Path, index: int, command: list[str]) -> subprocess.Popen:
-    """A `celery worker` or `celery beat` process on this run's database, broker queue, proxy and sandboxes."""
+def start_celery(queues: str, proxy_url: str, root: Path, index: int, command: list[str]) -> subprocess.Popen:
+    """A `celery worker` (of `queues`, comma-separated) or `celery beat` process on this run's database, broker
+    queues, proxy and sandboxes."""
     from django.conf import settings
 
     db = settings.DATABASES["default"]
     env = dict(os.environ, DATABASE_URL=f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-               REDIS_URL=settings.REDIS_URL or "", TROVE_CELERY_QUEUE=queue, TROVE_PROXY_PUBLIC_URL=proxy_url,
+               REDIS_URL=settings.REDIS_URL or "", TROVE_PROXY_PUBLIC_URL=proxy_url,
                TROVE_SANDBOX_ROOT=str(root), LOG_LEVEL="WARNING", TROVE_LOG_LEVEL="WARNING")
     env.setdefault("SECRET_KEY", "trove-bench-secret")
     log_path = root / f".celery-{index}.log"
     worker = command[0] == "worker"
-    options = ["-Q", queue, "--without-heartbeat", "--without-mingle", "--without-gossip",
-               "-n", f"{queue}-{index}@%h"] if worker else []
+    options = ["-Q", queues, "--without-heartbeat", "--without-mingle", "--without-gossip",
+               "-n", f"{settings.CELERY_TASK_DEFAULT_QUEUE}-{index}@%h"] if worker else []
     process = subprocess.Popen([sys.executable, "-m", "celery", "-A", "webapp", *command, *options, "-l", "INFO"],
                                cwd=REPO, env=env, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
     ready = b"ready." if worker else b"beat: Starting"

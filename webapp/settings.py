@@ -177,6 +177,13 @@ CELERY_BEAT_SCHEDULE = {
 }
 if REDIS_URL:  # the proxy's records reach the store through a Redis stream only on the full stack
     CELERY_BEAT_SCHEDULE["proxy-ingest"] = {"task": "trove.proxy.ingest", "schedule": 1.0, "options": {"expires": 5}}
+# Beat's messages go to a queue of their own, so a worker of the periodic queue alone (`-Q trove.periodic`) keeps
+# them off the rollouts' slots; a worker started without -Q takes both (workers/tasks/rollouts.py: a finishing
+# rollout hands its slot on to the job's next one only while no message waits in a queue of its worker).
+TROVE_CELERY_PERIODIC_QUEUE = env_str("TROVE_CELERY_PERIODIC_QUEUE", f"{CELERY_TASK_DEFAULT_QUEUE}.periodic")
+for _entry in CELERY_BEAT_SCHEDULE.values():
+    _entry.setdefault("options", {})["queue"] = TROVE_CELERY_PERIODIC_QUEUE
+CELERY_TASK_QUEUES = {CELERY_TASK_DEFAULT_QUEUE: {}, TROVE_CELERY_PERIODIC_QUEUE: {}}
 
 # --- Trove ------------------------------------------------------------------------------------------
 TROVE_SANDBOX_BACKEND = env_choice("TROVE_SANDBOX_BACKEND", "local", ("local", "kubernetes"))
@@ -226,6 +233,8 @@ TROVE_ROLLOUT_MAX_ATTEMPTS = env_int("TROVE_ROLLOUT_MAX_ATTEMPTS", 3)
 # A queued rollout of an open job whose message was sent this long ago, while the broker queue is empty, is
 # sent again (its message was lost, e.g. Redis lost data); a duplicate is a no-op (trove.rollouts.reap_stale).
 TROVE_ROLLOUT_RESEND_S = env_int("TROVE_ROLLOUT_RESEND_S", 120)
+# A finishing rollout's task runs the job's next waiting one itself rather than through the broker (0: off).
+TROVE_ROLLOUT_HANDOFF = env_int("TROVE_ROLLOUT_HANDOFF", 1)
 # The largest request body, uploads included, for the API and the dashboard alike (webapp/api/limits.py).
 TROVE_MAX_BODY_BYTES = env_int("TROVE_MAX_BODY_BYTES", 32 * 1024 * 1024)
 TROVE_MAX_STEPS_PER_TRAJECTORY = env_int("TROVE_MAX_STEPS_PER_TRAJECTORY", 20000)

@@ -226,9 +226,11 @@ class Heartbeat:
             raise RolloutCancelled(f"rollout {self.rollout_id} is no longer held by {self.worker}")
 
 
-def rollout_run(*, rollout_id: int, worker: str) -> str | None:
+def rollout_run(*, rollout_id: int, worker: str, enqueue: rollout_services.Enqueue | None = None) -> str | None:
     """Run a queued rollout. Returns its final status (or `queued` when it was put back for another
-    attempt), or None if it was not ours to run."""
+    attempt), or None if it was not ours to run. `enqueue` sends the job's next waiting rollouts that this
+    one's finish gives a slot to (default: a Celery message each; workers/tasks/rollouts.py keeps one to
+    run itself)."""
     clock = Clock()
     close_old_connections()
     # One commit: the claim, the attempt's trajectory, and a token of its own (module docstring).
@@ -236,7 +238,7 @@ def rollout_run(*, rollout_id: int, worker: str) -> str | None:
     if rollout is None:
         return None
     with Heartbeat(rollout.pk, worker, settings.TROVE_ROLLOUT_HEARTBEAT_S) as heartbeat:
-        return Attempt(rollout, worker, heartbeat, clock).run()
+        return Attempt(rollout, worker, heartbeat, clock, enqueue).run()
 
 
 def _open_trajectory(rollout: Rollout):
@@ -258,8 +260,10 @@ def _open_trajectory(rollout: Rollout):
 class Attempt:
     """One attempt at a rollout, from the sandbox claim to the final status."""
 
-    def __init__(self, rollout: Rollout, worker: str, heartbeat: Heartbeat, clock: Clock) -> None:
+    def __init__(self, rollout: Rollout, worker: str, heartbeat: Heartbeat, clock: Clock,
+                 enqueue: rollout_services.Enqueue | None = None) -> None:
         self.rollout, self.worker, self.heartbeat, self.clock = rollout, worker, heartbeat, clock
+        self.enqueue = enqueue
         self.job = rollout.job
         assert rollout.trajectory_id is not None, "rollout_run opens the attempt's trajectory first"
         self.trajectory_id: int = rollout.trajectory_id
@@ -435,7 +439,7 @@ class Attempt:
             rollout_services.rollout_finish(
                 rollout_id=self.rollout.pk, job_id=self.job.pk, worker=self.worker, status=status, reward=reward,
                 steps=steps, eval_output=(result.stdout + result.stderr)[-4000:], eval_timed_out=result.timed_out,
-                timings=self.clock.as_dict(),
+                timings=self.clock.as_dict(), enqueue=self.enqueue,
             )
         return status
 
@@ -512,7 +516,7 @@ class Attempt:
             if rollout_services.rollout_requeue(rollout_id=rollout.pk, worker=worker, error=message):
                 return R.QUEUED
         rollout_services.rollout_finish(rollout_id=rollout.pk, job_id=self.job.pk, worker=worker, status=R.INFRA_ERROR,
-                                        error=message[:4000], timings=self.clock.as_dict())
+                                        error=message[:4000], timings=self.clock.as_dict(), enqueue=self.enqueue)
         return R.INFRA_ERROR
 
     # --- helpers -----------------------------------------------------------------------------------------
