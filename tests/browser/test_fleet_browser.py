@@ -1,5 +1,5 @@
 """The fleet pages in a real browser: create a fleet from the form, read its counts and histograms, scale it,
-move it to a new template version, drain it, and page through its event log."""
+move it to a new template version and drain it (both confirmed first), and page through its event log."""
 
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ def test_an_operator_creates_scales_moves_and_drains_a_fleet(logged_in_page, liv
     page.wait_for_selector("#messages >> text=scaled")
     page.select_option("#template-form select[name=template]", str(v2.pk))
     page.click("#template-form button[type=submit]")
+    assert "from python-sandbox v2 (now python-sandbox v1)" in page.locator("#confirm-will").inner_text()
+    page.click("#confirm-button")
     page.wait_for_selector("#messages >> text=moves to python-sandbox v2")
     page.click("#drain-form button[type=submit]")
     assert "terminate its 0 warm sandboxes" in page.locator("#confirm-will").inner_text()

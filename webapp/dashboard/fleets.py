@@ -101,6 +101,10 @@ def fleet_scale(request, fleet_id: int):
     if not form.is_valid():
         messages.error(request, form_errors(form))
         return redirect("dashboard:fleet", fleet.pk)
+    shrinking = _shrinking(fleet, form.cleaned_data)
+    if shrinking and not is_confirmed(request):
+        return confirmation_page(request, title=f"Scale fleet {fleet.name} down", button="Scale it down",
+                                 back_url=reverse("dashboard:fleet", args=[fleet.pk]), will=shrinking)
     _apply(request, lambda: services.fleet_scale(fleet=fleet, reason=f"scaled by {request.user}", **form.cleaned_data),
            f"Fleet {fleet.name} scaled.")
     return redirect("dashboard:fleet", fleet.pk)
@@ -132,9 +136,32 @@ def fleet_template(request, fleet_id: int):
         messages.error(request, form_errors(form))
         return redirect("dashboard:fleet", fleet.pk)
     template = form.cleaned_data["template"]
+    if template != fleet.template and not is_confirmed(request):
+        warm = selectors.state_counts(fleet).get("warm", 0)
+        return confirmation_page(request, title=f"Move fleet {fleet.name} to {template}", button="Move the fleet",
+                                 back_url=reverse("dashboard:fleet", args=[fleet.pk]), will=[
+            f"build every new sandbox of fleet {fleet.name} from {template} (now {fleet.template})",
+            f"replace its {warm} warm sandboxes built from {fleet.template}, a few at a time, terminating each "
+            "once a new one covers it",
+            "let leased sandboxes finish their rollouts on the spec they have"])
     _apply(request, lambda: services.fleet_set_template(fleet=fleet, template=template),
            f"Fleet {fleet.name} moves to {template}: warm sandboxes are replaced as new ones come up.")
     return redirect("dashboard:fleet", fleet.pk)
+
+
+def _shrinking(fleet: Fleet, sizes: dict[str, int]) -> list[str]:
+    """What lowering the fleet's sizes ends, one line per size that goes down (none: scaling up or level)."""
+    warm = selectors.state_counts(fleet).get("warm", 0)
+    lines = []
+    if sizes["max_warm"] < fleet.max_warm:
+        lines.append(f"lower max_warm from {fleet.max_warm} to {sizes['max_warm']}: warm sandboxes above it are "
+                     f"terminated ({max(0, warm - sizes['max_warm'])} of the {warm} warm now)")
+    if sizes["min_warm"] < fleet.min_warm:
+        lines.append(f"lower min_warm from {fleet.min_warm} to {sizes['min_warm']}: fewer sandboxes kept warm")
+    if sizes["max_total"] < fleet.max_total:
+        lines.append(f"lower max_total from {fleet.max_total} to {sizes['max_total']}: rollouts past it wait for "
+                     "a sandbox")
+    return lines
 
 
 def _fleet_or_404(fleet_id: int) -> Fleet:

@@ -133,9 +133,28 @@ def test_scale_drain_and_move_from_the_fleet_page(ops):
     refused = ops.post(f"/fleets/{fleet.pk}/scale/", {"min_warm": 9, "max_warm": 3, "max_total": 6,
                                                        "refill_per_minute": 30}, follow=True).content.decode()
     assert "min_warm: must not exceed max_warm" in refused
-    ops.post(f"/fleets/{fleet.pk}/template/", {"template": v2.pk})
+    moving = ops.post(f"/fleets/{fleet.pk}/template/", {"template": v2.pk}).content.decode()  # asks first
+    fleet.refresh_from_db()
+    assert fleet.template != v2 and "replace its 0 warm sandboxes" in moving
+    ops.post(f"/fleets/{fleet.pk}/template/", {"template": v2.pk, "confirmed": CONFIRMED})
     fleet.refresh_from_db()
     assert fleet.template == v2 and fleet.min_warm == 1
+
+
+def test_scaling_down_asks_first_and_says_what_it_ends(ops):
+    fleet = make_fleet(min_warm=2, max_warm=4, max_total=8)
+    warm_rows(fleet, 3)
+    sizes = {"min_warm": 0, "max_warm": 1, "max_total": 8, "refill_per_minute": 30}
+
+    asked = ops.post(f"/fleets/{fleet.pk}/scale/", sizes).content.decode()
+    fleet.refresh_from_db()
+    assert (fleet.min_warm, fleet.max_warm) == (2, 4) and "Scale it down" in asked
+    assert "lower max_warm from 4 to 1: warm sandboxes above it are terminated (2 of the 3 warm now)" in asked
+    assert "lower min_warm from 2 to 0" in asked and "lower max_total" not in asked  # it stays at 8
+
+    ops.post(f"/fleets/{fleet.pk}/scale/", {**sizes, "confirmed": CONFIRMED})
+    fleet.refresh_from_db()
+    assert (fleet.min_warm, fleet.max_warm) == (0, 1)
 
 
 def test_a_held_fleet_shows_why(ops):
