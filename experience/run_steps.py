@@ -5,12 +5,12 @@ length (the index reads one narrow row per step), and shapes them with `experien
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from django.db import connection
 from django.db.models import Q
-from django.db.models.expressions import RawSQL
 
 from experience.compare import Action, align, counts, first_divergence, patch_diff, run_actions
 from experience.errors import NotFound, ValidationError
@@ -41,10 +41,11 @@ ACTION_KINDS = ("command", "tool_call", "model_call")  # the steps a run's actio
 
 def run_page_config(*, trajectory: Trajectory) -> dict[str, Any]:
     """What the run page embeds: the first screen of step views and the final diff. The rest of the run is
-    fetched as the reader scrolls (`step_views`, `run_step_index`)."""
+    fetched as the reader scrolls (`step_views`, `run_step_index`). Nothing here reads the whole run: what
+    depends on every step (the timeline, the value curve, jump marks) comes with the index after the page is
+    usable, so the page costs the same at 1,000 steps and at 30,000."""
     views, last = step_views(trajectory=trajectory, limit=FIRST_SCREEN)
-    has_values = Step.objects.filter(trajectory=trajectory, value_estimate__isnull=False).exists()
-    return {"id": trajectory.pk, "n_steps": trajectory.n_steps, "first": views, "next_after": last, "has_values": has_values,
+    return {"id": trajectory.pk, "n_steps": trajectory.n_steps, "first": views, "next_after": last,
             "final_diff": diff_view(trajectory.final_diff) if trajectory.final_diff else None}
 
 
@@ -95,17 +96,39 @@ def step_view_one(*, trajectory: Trajectory, seq: int) -> dict[str, Any]:
 
 def run_step_index(*, trajectory: Trajectory) -> dict[str, Any]:
     """The whole run in a few columns (see `steps_view.step_index`): one narrow row per step."""
+    if connection.vendor == "postgresql":
+        return step_index(_index_rows_postgres(trajectory.pk))
     steps = Step.objects.filter(trajectory=trajectory).order_by("seq")
     rest = ("is_error", "exit_code", "value_estimate", "payload__tool", "payload__success", "payload__value")
-    if connection.vendor == "postgresql":  # times as numbers: parsing 50,000 datetimes was most of the cost
-        rows = steps.annotate(
-            start_ms=RawSQL("EXTRACT(EPOCH FROM COALESCE(started_at, ended_at)) * 1000", []),
-            span_ms=RawSQL("COALESCE(duration_ms, EXTRACT(EPOCH FROM (ended_at - started_at)) * 1000)", []),
-        ).values_list("seq", "kind", "start_ms", "span_ms", *rest)
-        return step_index((seq, kind, _float(start), _float(span), *more) for seq, kind, start, span, *more in rows)
     rows = steps.values_list("seq", "kind", "started_at", "ended_at", "duration_ms", *rest)
     return step_index((seq, kind, _epoch_ms(started or ended), _span_ms(started, ended, duration), *more)
                       for seq, kind, started, ended, duration, *more in rows)
+
+
+# Times as float8 (EXTRACT gives numeric, and 60,000 Decimals were a good part of the cost); the payload is read
+# only where the index needs it (a tool call's tool, an evaluation's verdict), so a model call's large payload
+# is never de-TOASTed, and its JSON is parsed for the few evaluations only.
+_INDEX_SQL = """
+SELECT seq, kind,
+       (EXTRACT(EPOCH FROM COALESCE(started_at, ended_at)) * 1000)::float8,
+       COALESCE(duration_ms, (EXTRACT(EPOCH FROM (ended_at - started_at)) * 1000)::float8),
+       is_error, exit_code, value_estimate,
+       CASE WHEN kind = 'tool_call' THEN payload ->> 'tool' END,
+       CASE WHEN kind = 'eval' THEN (payload -> 'success')::text END,
+       CASE WHEN kind = 'eval' THEN (payload -> 'value')::text END
+FROM {table} WHERE trajectory_id = %s ORDER BY seq
+"""
+
+
+def _index_rows_postgres(trajectory_id: int) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(_INDEX_SQL.format(table=Step._meta.db_table), [trajectory_id])
+        rows = cursor.fetchall()
+    return [row if row[1] != "eval" else (*row[:8], _json(row[8]), _json(row[9])) for row in rows]
+
+
+def _json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
 
 
 def _epoch_ms(moment: Any) -> float | None:
@@ -116,10 +139,6 @@ def _span_ms(started: Any, ended: Any, duration: float | None) -> float | None:
     if duration is not None:
         return duration
     return (ended - started).total_seconds() * 1000 if started and ended else None
-
-
-def _float(value: Any) -> float | None:
-    return None if value is None else float(value)  # EXTRACT gives a Decimal
 
 
 def run_context_lens(*, trajectory: Trajectory, seq: int, unchanged: bool = False) -> dict[str, Any]:

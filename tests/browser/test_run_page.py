@@ -194,6 +194,20 @@ def test_a_run_without_timestamps_gets_a_slot_per_step(logged_in_page, live_serv
     assert page.locator("#timeline-tip").inner_text().startswith("#")
 
 
+def test_the_value_curve_note_shows_once_the_index_carries_estimates(logged_in_page, live_server):
+    plain, scored = _synthetic("unscored"), _synthetic("scored")
+    calls = list(Step.objects.filter(trajectory=scored, kind="model_call").order_by("seq"))
+    for index, step in enumerate(calls):
+        step.value_estimate = 0.25 * index
+    Step.objects.bulk_update(calls, ["value_estimate"])
+    page = logged_in_page
+    _open(page, live_server, plain.pk)
+    assert not page.locator("#value-curve").is_visible()
+    _open(page, live_server, scored.pk)
+    assert page.locator("#value-curve").is_visible()
+    assert page.evaluate("trovePage.state.index.value.filter((v) => v !== null)") == [0.25 * i for i in range(len(calls))]
+
+
 def test_a_30000_step_run_scrolls_to_its_last_step(logged_in_page, live_server, settings):
     settings.TROVE_MAX_STEPS_PER_TRAJECTORY = 40_000
     run = _synthetic("long", 30_000 - 8)

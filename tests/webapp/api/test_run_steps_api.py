@@ -106,6 +106,24 @@ def test_the_index_has_every_step_and_its_jump_marks(api):
     assert index["dur"][0] == 400.0  # imported steps get their duration from both timestamps
 
 
+def test_the_index_reads_edits_and_verdicts_from_the_payloads_that_carry_them(api):
+    """The index reads a tool call's tool and an evaluation's verdict from the payload, and nothing from other
+    kinds' payloads (a model call's, however large, or a command's that happens to name a tool)."""
+    steps = [StepRecord(kind="model_call", response_text="", call_id="big", payload={"params": {"tools": ["x" * 50_000]}, "tool": "edit"}),
+             StepRecord(kind="command", command="ls", exit_code=0, payload={"tool": "str_replace_editor"}),
+             StepRecord(kind="tool_call", text="{}", payload={"tool": "str_replace_editor", "tool_call_id": "t1"}),
+             StepRecord(kind="eval", text="wrong", payload={"value": "I", "answer": "4"}),
+             StepRecord(kind="eval", text="no", payload={"value": False}),
+             StepRecord(kind="eval", text="ok", payload={"success": False, "value": 1.0}),
+             StepRecord(kind="eval", text="ok", payload={"value": "C"})]
+    trajectory, _ = trajectory_ingest(record=TrajectoryRecord(source="api", source_format="trove", source_ref="verdicts",
+                                                              task_key="verdicts", steps=steps))
+    index = api.get(f"/api/v1/trajectories/{trajectory.pk}/steps/index/").json()
+    assert index["flags"] == [0, 0, 2, 1, 1, 1, 0]  # EDIT on the tool call only; FAILED on "I", false, success false
+    assert index["marks"] == {"first_error": 3, "first_edit": 2, "evals": [3, 4, 5, 6]}
+    assert index["timed"] is False and index["start"] == [None] * 7
+
+
 def test_the_lens_shows_exactly_the_messages_added_since_the_previous_call(api):
     trajectory = _run()
     lens = api.get(f"/api/v1/trajectories/{trajectory.pk}/steps/2/context/").json()

@@ -23,8 +23,11 @@ TRAINING = (Rollout.Status.SUCCEEDED, Rollout.Status.FAILED)
 
 @register.inclusion_tag("dashboard/rl_samples_run.html")
 def run_samples_panel(trajectory: Any) -> dict[str, Any]:
-    calls = Step.objects.filter(trajectory_id=trajectory.pk, kind=Step.Kind.MODEL_CALL).count()
+    # At most RUN_CALLS + 1 rows read, so the page costs the same whatever the run's length.
+    model_calls = Step.objects.filter(trajectory_id=trajectory.pk, kind=Step.Kind.MODEL_CALL)
+    calls = len(model_calls.values_list("id", flat=True)[: RUN_CALLS + 1])
     if calls > RUN_CALLS:
+        calls = max(calls, trajectory.n_model_calls)
         return {"summary": {"calls": calls, "samples": 0, "note": f"more than {RUN_CALLS} model calls are not assembled on this page (the samples API or an rl dataset does)"},
                 "samples": []}
     assembly = run_samples(trajectory_ids=[trajectory.pk])[trajectory.pk]

@@ -646,8 +646,12 @@
   document.getElementById("step-position").textContent = state.order.length + " steps";
   const wanted = parseHash();
   window.trovePage = { state, select, jumpToSeq, ready: false };
-  getJSON(api + "index/").then((idx) => {
+  // The index (every step in columns: timeline, filters, jumps) is asked for once the first screen is painted:
+  // at 30,000 steps the server's work on it would otherwise compete with making the page usable.
+  const afterFirstPaint = (fn) => requestAnimationFrame(() => setTimeout(fn, 0));
+  afterFirstPaint(() => getJSON(api + "index/").then((idx) => {
     state.index = idx;
+    document.getElementById("value-curve").hidden = !idx.value;
     if (idx.seq.length !== state.order.length || idx.seq.some((s, i) => s !== state.order[i])) { state.order = idx.seq.slice(); resetList(); }
     document.getElementById("timeline-note").textContent = idx.timed
       ? "Lanes by kind on the run's time axis; a step is at least a pixel and a half wide. Click to jump; the black line marks the step in view."
@@ -657,7 +661,7 @@
     followScroll(); // the marker shows the step in view from the start
     window.trovePage.ready = true;
     document.body.dataset.indexReady = "1";
-  });
+  }));
   if (wanted.q) { searchInput.value = wanted.q; search(wanted.q); }
   else if (wanted.step !== undefined) jumpToSeq(wanted.step);
   window.addEventListener("hashchange", () => { // a link to a step pasted into this page's address bar
