@@ -23,8 +23,9 @@ TRAINING = (Rollout.Status.SUCCEEDED, Rollout.Status.FAILED)
 
 @register.inclusion_tag("dashboard/rl_samples_run.html")
 def run_samples_panel(trajectory: Any) -> dict[str, Any]:
-    # At most RUN_CALLS + 1 rows read, so the page costs the same whatever the run's length.
-    model_calls = Step.objects.filter(trajectory_id=trajectory.pk, kind=Step.Kind.MODEL_CALL)
+    # At most RUN_CALLS + 1 rows read, unsorted (any of them will do), so the page costs the same whatever
+    # the run's length.
+    model_calls = Step.objects.filter(trajectory_id=trajectory.pk, kind=Step.Kind.MODEL_CALL).order_by()
     calls = len(model_calls.values_list("id", flat=True)[: RUN_CALLS + 1])
     if calls > RUN_CALLS:
         calls = max(calls, trajectory.n_model_calls)
