@@ -206,3 +206,30 @@ def test_manage_py_demo_runs_a_preset_and_its_summary_names_harness_version_and_
     assert harnesses == {f"codex@{version}"}
     calls = database.execute("select count(*) from experience_step where kind = 'model_call'").fetchone()[0]
     assert calls >= 4
+
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claude_code_with_a_read_only_home_claims_success_but_ends_infra_error_never_training_data(
+    bundle_backend, unix_proxy, demo_model, demo_task_set, harness_fleet, monkeypatch, settings
+):
+    """The real Claude Code bundle given a HOME (so a config directory) it cannot write: the bundle's own
+    read-only mount. It still calls the model, runs its tools and exits 0 with a successful JSON result, but
+    keeps no session log, so whether its tools ran cannot be checked: infra, not a sample to train on."""
+    settings.TROVE_ROLLOUT_MAX_ATTEMPTS = 1
+    preset, version = require_bundle("claude-code")
+    env = {**preset.env, "HOME": "$bundle", "CLAUDE_CONFIG_DIR": "$bundle/.claude"}
+    monkeypatch.setitem(presets.CATALOGUE, "claude-code", dataclasses.replace(preset, env=env, writable_dirs=()))
+    job = preset_job(demo_task_set, harness_fleet, demo_model, "claude-code")
+    rollout = job.rollouts.get()
+
+    status = rollout_run(rollout_id=rollout.pk, worker="test-worker")
+
+    rollout.refresh_from_db()
+    harness_step = rollout.trajectory.steps.get(kind="command", payload__harness=f"claude-code@{version}")
+    assert harness_step.payload["reason"] == "exited" and '"subtype":"success"' in harness_step.payload["output"]
+    assert demo_model.served >= 1, "it reached the model"
+    assert status == Rollout.Status.INFRA_ERROR, rollout.error
+    assert "harness_failed" in rollout.error and "no session log" in rollout.error and "not writable" in rollout.error
+    assert rollout.trajectory.status == Trajectory.Status.INFRA_ERROR and rollout.reward is None
+    assert not rollout.trajectory.steps.filter(kind="eval").exists(), "an untrusted run is not evaluated"

@@ -157,13 +157,24 @@ def test_claude_code_whose_task_commands_merely_failed_is_the_agents_run():
     assert verdict(CATALOGUE["claude-code"], run) is None
 
 
+SESSION = {"home/.claude/projects/-workspace/s.jsonl": session_line("slugify.py", is_error=False)}
+
+
 def test_claude_code_out_of_turns_is_a_fair_failure_but_an_error_result_or_none_is_not():
     max_turns = json.dumps({"type": "result", "subtype": "error_max_turns", "is_error": True})
     api_error = json.dumps({"type": "result", "subtype": "success", "is_error": True, "result": "API Error: 500"})
 
-    assert verdict(CATALOGUE["claude-code"], run_of(exit_code=1, stdout=max_turns)) is None
+    assert verdict(CATALOGUE["claude-code"], run_of(exit_code=1, stdout=max_turns, native_logs=SESSION)) is None
     assert "API Error" in verdict(CATALOGUE["claude-code"], run_of(stdout=api_error))
     assert "no JSON result" in claude_code.judge(run_of(stdout="Segmentation fault"))
+
+
+def test_claude_code_claiming_success_without_a_session_log_is_not_the_agents_run():
+    """What a HOME it cannot write leaves (the real bundle: tests/integration/test_harness_presets.py)."""
+    assert verdict(CATALOGUE["claude-code"], run_of(stdout=CLAUDE_OK, native_logs=SESSION)) is None
+    for logs in ({}, {"home/.claude/statsig/cache.json": b"{}"}):
+        failure = verdict(CATALOGUE["claude-code"], run_of(stdout=CLAUDE_OK, native_logs=logs))
+        assert failure and "no session log" in failure and "not writable" in failure
 
 
 # --- native logs ---------------------------------------------------------------------------------------

@@ -7,8 +7,10 @@ DISABLE_AUTOUPDATER and the telemetry switches keep it offline. IS_SANDBOX lets
 directories must be writable.
 
 The trap it is judged for: with a read-only HOME or /tmp it exits 0 with a result of "done" while its Bash
-tool failed (EROFS). So the exit code is not trusted: its JSON result must not be an error, and no tool
-result in its session log may be an environment failure.
+tool failed (EROFS), or (HOME not writable, measured with 2.1.197) while keeping no session at all. So the
+exit code is not trusted: its JSON result must not be an error, its session log must exist, and no tool
+result in it may be an environment failure. (With its temp directory read-only it never calls the model and
+hangs to the wall time: the no-model-call rule makes that infra_error.)
 Native log: $CLAUDE_CONFIG_DIR/projects/<cwd>/<session>.jsonl.
 """
 
@@ -29,11 +31,20 @@ def judge(run: HarnessRun) -> str | None:
     verdict = _result_error(run.stdout)
     if verdict:
         return verdict
+    if not any(_is_session_log(path) for path in run.native_logs):
+        # Measured with the 2.1 bundle: given a HOME (so a config directory) it cannot write, it still runs
+        # its tools, exits 0 and reports success, but keeps no session, so its tool results cannot be checked.
+        return ("it wrote no session log ($CLAUDE_CONFIG_DIR/projects/*/<session>.jsonl): its HOME or config "
+                "directory was not writable, so whether its own tools ran cannot be checked")
     for path, content in sorted(run.native_logs.items()):
         failure = _failed_tool(content)
         if failure:
             return f"a tool of the harness could not run ({path}): {failure}"
     return None
+
+
+def _is_session_log(path: str) -> bool:
+    return "/projects/" in path and path.endswith(".jsonl")
 
 
 def _result_error(stdout: str) -> str | None:
