@@ -142,6 +142,12 @@ BENCHES = [
         Figure("baseline held-out AUC", "heldout_auc"),
         Figure("learned held-out AUC", "learned_heldout_auc"),
     ], timeout_quick=1200, extra=lambda: ["--database-url", scratch_database_url("trove_bench_value_quick")]),
+    Bench("embedded_search", "embedded_search.py", ["--runs", "1000"], ["--runs", "2000"], [
+        Figure("SQLite search: FTS5 speed-up over the substring scan", "search_speedup", ">=", 10),
+        Figure("SQLite search p50 (ms)", "search_p50_ms"),
+        Figure("SQLite ingest with the FTS5 index vs without", "ingest_steps_per_s", ">=", 0.5,
+               baseline="ingest_floor_steps_per_s"),
+    ], needs=(), timeout_quick=600),
 ]
 
 

@@ -9,7 +9,8 @@ and dotted names split as SEPARATORS does on Postgres), folds case and, like Pos
 configuration, keeps diacritics.
 
 Beware: Django remakes a SQLite table to alter one of its columns, and dropping the old table drops these
-triggers. A later migration that alters experience_step must run FORWARDS' triggers again.
+triggers. A later migration that alters experience_step must run TRIGGERS again (and FILL into an emptied
+index).
 """
 
 from django.db import migrations
@@ -22,9 +23,9 @@ def _body(row: str) -> str:
     return " || ' ' || ".join(fields)
 
 
-FORWARDS = [
-    "CREATE VIRTUAL TABLE experience_step_fts USING fts5("
-    "body, content='', tokenize='unicode61 remove_diacritics 0')",
+TABLE = ("CREATE VIRTUAL TABLE experience_step_fts USING fts5("
+         "body, content='', tokenize='unicode61 remove_diacritics 0')")
+TRIGGERS = [
     f"""CREATE TRIGGER experience_step_fts_insert AFTER INSERT ON experience_step BEGIN
         INSERT INTO experience_step_fts (rowid, body) VALUES (new.id, {_body('new')});
     END""",
@@ -35,14 +36,11 @@ FORWARDS = [
         INSERT INTO experience_step_fts (experience_step_fts, rowid, body) VALUES ('delete', old.id, {_body('old')});
         INSERT INTO experience_step_fts (rowid, body) VALUES (new.id, {_body('new')});
     END""",
-    f"INSERT INTO experience_step_fts (rowid, body) SELECT s.id, {_body('s')} FROM experience_step s",
 ]
-BACKWARDS = [
-    "DROP TRIGGER IF EXISTS experience_step_fts_insert",
-    "DROP TRIGGER IF EXISTS experience_step_fts_delete",
-    "DROP TRIGGER IF EXISTS experience_step_fts_update",
-    "DROP TABLE IF EXISTS experience_step_fts",
-]
+DROP_TRIGGERS = [f"DROP TRIGGER IF EXISTS experience_step_fts_{event}" for event in ("insert", "delete", "update")]
+FILL = f"INSERT INTO experience_step_fts (rowid, body) SELECT s.id, {_body('s')} FROM experience_step s"
+FORWARDS = [TABLE, *TRIGGERS, FILL]
+BACKWARDS = [*DROP_TRIGGERS, "DROP TABLE IF EXISTS experience_step_fts"]
 
 
 def forwards(apps, schema_editor):
