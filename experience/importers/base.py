@@ -102,8 +102,10 @@ def parse_json_bytes(data: bytes, loc: Location) -> Any:
     except UnicodeDecodeError as exc:
         raise loc.malformed(f"not UTF-8 text at byte {exc.start} (corrupted file?)") from None
     except json.JSONDecodeError as exc:
-        # a JSON document ends with its closing bracket; one that does not was cut short
-        truncated = not data.rstrip().endswith((b"}", b"]"))
+        # a JSON document ends with its closing bracket; one that does not, or that the parser found still
+        # open at its last byte (cut just after an inner bracket), was cut short
+        end = len(data.rstrip())
+        truncated = not data.rstrip().endswith((b"}", b"]")) or exc.pos >= end
         hint = " (the file ends early: truncated?)" if truncated else " (corrupted?)"
         raise loc.malformed(
             f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}{hint}"

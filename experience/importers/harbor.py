@@ -20,6 +20,8 @@ that raised and got no reward (exception_info, no verifier result) is status `in
 metadata["harbor"]["exception"]. A trial whose agent wrote no trajectory is a run with no steps.
 
 The job folder's own result.json (JobResult: n_total_trials, stats) is not a trial, and is not detected.
+Importing a folder reads each trial once, from agent/trajectory.json (`read_with_trial`): its bytes are the
+original the runs keep.
 """
 
 from __future__ import annotations
@@ -54,6 +56,16 @@ def detect(path: Path, head: bytes) -> bool:
     if path.name == RESULT:
         return _is_trial_result(head)
     return path.parent.name == "agent" and path.suffix == ".json" and _trial_result(path.parent.parent) is not None
+
+
+def read_with_trial(path: Path) -> bool:
+    """Whether importing a folder may leave this file out because another file of its trial reads it: the
+    trial is read from agent/trajectory.json (the file kept as the runs' original), so its result.json and
+    the agent's other JSON files are read with it. A trial with no trajectory is read from its result.json."""
+    if path.name == RESULT:
+        return (path.parent / "agent" / TRAJECTORY).is_file() and _trial_result(path.parent) is not None
+    return (path.parent.name == "agent" and path.suffix == ".json" and path.name != TRAJECTORY
+            and (path.parent / TRAJECTORY).is_file() and _trial_result(path.parent.parent) is not None)
 
 
 def _is_trial_result(head: bytes) -> bool:

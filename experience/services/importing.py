@@ -34,7 +34,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from experience.errors import TroveError
-from experience.importers import REGISTRY, detect_format, iter_records, reports
+from experience.importers import REGISTRY, detect_format, harbor, iter_records, reports
 from experience.importers.errors import ImportFormatError
 from experience.importers.fingerprint import FINGERPRINT_KEY, fingerprint
 from experience.models import CurationEvent, Trajectory
@@ -384,7 +384,8 @@ def trajectory_files(root: Path) -> list[tuple[Path, str | None]]:
     if root.is_file():
         return [(root, None)]
     files = sorted(p for p in root.rglob("*") if p.is_file() and not _hidden(p.relative_to(root)))
-    return [(p, p.relative_to(root).as_posix()) for p in files]
+    # a Harbor trial's files all read as the trial: read it once (from its trajectory), not once per file
+    return [(p, p.relative_to(root).as_posix()) for p in files if not harbor.read_with_trial(p)]
 
 
 def _hidden(relative: Path) -> bool:

@@ -3,6 +3,7 @@ schema (ATIF-v1.7 subagents, llm_call_count, token ids and logprobs; a trial tha
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from datetime import UTC, datetime
@@ -231,11 +232,19 @@ def test_importing_a_job_folder_stores_each_trial_once_with_its_subagents(tmp_pa
     out = StringIO()
     call_command("import", str(job), "--json", "--no-progress", "--no-index", stdout=out)
     report = json.loads(out.getvalue())
-    by_file = {Path(f["path"]).relative_to(job).as_posix(): f for f in report["files"]}
-    assert by_file["fix-permissions__Q7mK2xP/agent/trajectory.json"]["status"] == "present"
-    assert by_file["result.json"]["status"] == "unrecognised", "the job's summary is no trial"
+    by_file = {Path(f["path"]).relative_to(job).as_posix(): f["status"] for f in report["files"]}
+    assert by_file == {  # each trial read once: from its trajectory, else its result
+        "fix-permissions__Q7mK2xP/agent/trajectory.json": "imported",
+        "broken-env__Zz9Yy8X/result.json": "imported",
+        "broken-env__Zz9Yy8X/agent/setup.log": "unrecognised",
+        "fix-permissions__Q7mK2xP/config.json": "unrecognised",
+        "fix-permissions__Q7mK2xP/verifier/reward.txt": "unrecognised",
+        "result.json": "unrecognised",  # the job's summary is no trial
+    }
     assert report["imported"] == 4  # two trials, and the fix-permissions trial's two subagents
     trial = Trajectory.objects.get(source_ref="harbor:5a1c9e7d-0f3b-4e2a-8c6d-9b4f2e1a7c30")
     assert (trial.reward, trial.success, trial.task_key, trial.task_set) == (1.0, True, "fix-permissions", "terminal-bench")
     assert Trajectory.objects.get(source_ref="harbor:9d2e4f60-7a8b-4c1d-9e0f-1a2b3c4d5e6f").status == "infra_error"
     assert Trajectory.objects.filter(metadata__parent_source_ref=trial.source_ref).count() == 2
+    trajectory = (job / "fix-permissions__Q7mK2xP" / "agent" / "trajectory.json").read_bytes()
+    assert trial.original_blob == hashlib.sha256(trajectory).hexdigest(), "the trajectory is the original kept"
