@@ -1,18 +1,23 @@
 """Import speed of the formats from the wild against Trove's own export, on Postgres.
 
     DATABASE_URL=postgres://... .venv/bin/python benchmarks/import_formats.py [--runs 10000] [--sessions 1000]
+        [--trials 1000]
 
 Workload: `--runs` OpenAI-format conversations (a system prompt, a task, then 8 tool calls, shell and other
 tools alternating, each answered, and a final reply: about 30 steps a run), written once as one JSON array
 (the tau-bench shape) and once as Trove's own JSONL export of exactly the runs the array imports to; and
-`--sessions` Claude Code session transcripts of the same shape, one file each, in one directory.
+`--sessions` Claude Code session transcripts of the same shape, one file each, in one directory; and `--trials`
+Harbor trial directories of the same runs (result.json with the verifier's reward, agent/trajectory.json in
+ATIF-v1.7 as Trove's exporter writes it) in one job folder.
 
 Phases, each from empty tables, on a scratch database created for the run and dropped after:
 - trove: `manage.py import`'s service on the Trove export (the baseline: Trove's own bulk ingest format);
 - array: the same service on the JSON array;
-- claude: the same service on the directory of sessions.
+- claude: the same service on the directory of sessions;
+- harbor: the same service on the job folder (each trial's two files both read as the trial: the second finds
+  its runs stored, which is part of the cost measured).
 Each figure is steps stored per second, end to end (detection, parsing, validation, fingerprints,
-ingest). Target (issue 17): array and claude each at least half the trove rate. The last line is one JSON
+ingest). Target (issue 17): array and claude (and harbor) each at least half the trove rate. The last line is one JSON
 object.
 """
 
@@ -83,6 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--sessions", type=int, default=1_000)
+    parser.add_argument("--trials", type=int, default=1_000)
     args = parser.parse_args()
     import django
 
@@ -118,17 +124,42 @@ def measure(args: argparse.Namespace, folder: Path) -> dict:
     for index in range(args.sessions):
         (sessions / f"00000000-0000-4000-8000-{index:012d}.jsonl").write_text(claude_session(index))
 
-    figures: dict = {"runs": args.runs, "sessions": args.sessions}
-    for label, path in (("trove", export), ("array", array), ("claude", sessions.parent)):
+    job = folder / "harbor" / "job"
+    write_trials(job, array, args.trials)
+
+    figures: dict = {"runs": args.runs, "sessions": args.sessions, "trials": args.trials}
+    for label, path in (("trove", export), ("array", array), ("claude", sessions.parent), ("harbor", job)):
         runs, steps, seconds = timed_import(path)
         figures[f"{label}_runs"] = runs
         figures[f"{label}_steps_per_s"] = round(steps / seconds)
         figures[f"{label}_runs_per_s"] = round(runs / seconds, 1)
         print(f"{label}: {runs} runs, {steps} steps in {seconds:.1f} s", file=sys.stderr)
-    for label in ("array", "claude"):
+    for label in ("array", "claude", "harbor"):
         figures[f"{label}_vs_trove"] = round(figures[f"{label}_steps_per_s"] / figures["trove_steps_per_s"], 2)
-    figures["target_met"] = all(figures[f"{k}_vs_trove"] >= 0.5 for k in ("array", "claude"))
+    figures["target_met"] = all(figures[f"{k}_vs_trove"] >= 0.5 for k in ("array", "claude", "harbor"))
     return figures
+
+
+def write_trials(job: Path, array: Path, count: int) -> None:
+    """The array's first `count` runs as Harbor trials: Trove's ATIF export as the agent's trajectory."""
+    from itertools import islice
+
+    from experience.exporters import atif
+    from experience.importers import iter_records
+
+    for index, record in enumerate(islice(iter_records(array), count)):
+        trial = job / f"task-{index}__t{index:07d}"
+        (trial / "agent").mkdir(parents=True)
+        document = atif.write(record)
+        document["extra"] = {}  # a trajectory as Harbor's agents write it, with no Trove hints
+        (trial / "agent" / "trajectory.json").write_text(json.dumps(document, indent=2))
+        (trial / "result.json").write_text(json.dumps({
+            "id": f"trial-{index}", "task_name": record.task_key, "trial_name": trial.name, "source": "bench",
+            "config": {"agent": {"name": "terminus-2", "model_name": "policy"}, "job_id": "bench"},
+            "agent_info": {"name": "terminus-2", "version": "2.0.0"},
+            "agent_result": {"n_input_tokens": 1000, "n_output_tokens": 100, "cost_usd": None},
+            "verifier_result": {"rewards": {"reward": record.reward}}, "exception_info": None,
+            "started_at": "2026-03-01T10:00:00Z", "finished_at": "2026-03-01T10:05:00Z"}, indent=4))
 
 
 def timed_import(path: Path) -> tuple[int, int, float]:
