@@ -6,8 +6,10 @@ Workload: `--rollouts` runs of `--turns` model calls each, recorded through a st
 prompt and completion token ids and logprobs (a real byte-level BPE `tokenizers` tokenizer over a ChatML
 template: tests/experience/distill/rl_traffic.py), each call made into its step by the recording proxy's
 own `CallRecord.to_step_record`, stored with the rollout runner's ingest on a scratch database (created
-for the run, dropped after). Not a job against the demo model: its prompt token ids tokenise the JSON of
-the messages, which no later prompt extends, so every call would fork.
+for the run, dropped after). The stand-in server rather than demo-model jobs: the same tokenizer.json it
+uses serves the re-tokenised figures, and storing 200 rollouts takes seconds, not a fleet's minutes. (The
+demo model's ids chain too: tests/integration/test_rl_samples_harnesses.py assembles real harness
+rollouts against it, one exact sample each.)
 
 Figures (the last line is one JSON object):
 - rollouts, samples, samples_per_rollout, exact_fraction: what `run_samples` assembled from the store
@@ -18,9 +20,13 @@ Figures (the last line is one JSON object):
   assembly_vs_copy their ratio (target >= 0.25);
 - length_ratio_10x: the time to assemble, from the store, rollouts that recorded 10x the tokens (longer
   tool outputs; long_vs_short_tokens says how many times exactly) over the time for the shorter ones
-  (target <= 12); retokenised_turns_ratio_10x: message-level chaining of a rollout with 10x the turns over
-  the shorter one. No target: each message is tokenised once (linear in the final length), but each call's
-  request is still compared message by message with the sample's history, which grows with the turns.
+  (target <= 12); retokenised_turns_ratio_10x: the same from the store for runs recorded without token ids
+  (re-tokenised with the tokenizer their endpoint names, TROVE_RL_TOKENIZERS), PAGE runs of 10x the turns
+  over PAGE of the shorter ones (target <= 12): each message is parsed and tokenised once, and a call's
+  request is compared with the sample's history by identity of the shared messages;
+  retokenised_in_memory_turns_ratio_10x: `assemble` on calls built one by one in memory (no message
+  shared between calls, so each call's request is compared field by field: quadratic in the turns, no
+  target).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
 PAGE = 20
+RETOKENISED_ENDPOINT = "bench-no-ids"  # the endpoint the stored runs name; its tokenizer is the stand-in's
 
 
 def recorded_run(server, turns: int, *, output_chars: int, with_ids: bool = True):
@@ -50,7 +57,8 @@ def recorded_run(server, turns: int, *, output_chars: int, with_ids: bool = True
     return agent_run(server, turns, with_ids=with_ids, edit=long_outputs)
 
 
-def store_runs(server, rollouts: int, turns: int, *, output_chars: int = 300, prefix: str = "bench") -> list[int]:
+def store_runs(server, rollouts: int, turns: int, *, output_chars: int = 300, prefix: str = "bench",
+               with_ids: bool = True) -> list[int]:
     from experience.records import TrajectoryRecord
     from experience.services.ingest import trajectory_ingest
 
@@ -59,8 +67,9 @@ def store_runs(server, rollouts: int, turns: int, *, output_chars: int = 300, pr
         record = TrajectoryRecord(
             source="rollout", source_format="trove-rollout", source_ref=f"{prefix}:{index}",
             task_key=f"task-{index % 25}", status="completed", reward=float(index % 2),
-            started_at=datetime.now(UTC), steps=recorded_run(server, turns, output_chars=output_chars),
-            metadata={"job_id": 1, "sample_index": index // 25},
+            started_at=datetime.now(UTC),
+            steps=recorded_run(server, turns, output_chars=output_chars, with_ids=with_ids),
+            metadata={"job_id": 1, "sample_index": index // 25, "model_endpoint": RETOKENISED_ENDPOINT},
         )
         ids.append(trajectory_ingest(record=record, rollout_runner=True)[0].pk)
     return ids
@@ -134,12 +143,34 @@ def length_ratios(server, tokenizer_path: Path, turns: int) -> dict:
             encode = tokenizer_encoder(str(tokenizer_path))
             times.append(best_time(lambda: assemble(calls, encode=encode), repeat=1))  # noqa: B023
         return min(times)
+
+    few_stored = store_runs(server, PAGE, turns, prefix="few-no-ids", with_ids=False)
+    many_stored = store_runs(server, PAGE, turns * 10, prefix="many-no-ids", with_ids=False)
     return {
         "length_ratio_10x": round(best_time(lambda: timed_assembly(long_ids), repeat=3)
                                   / best_time(lambda: timed_assembly(short_ids), repeat=3), 2),
         "long_vs_short_tokens": round(recorded_tokens(long_ids) / recorded_tokens(short_ids), 2),
-        "retokenised_turns_ratio_10x": round(retokenised(many) / retokenised(few), 2),
+        "retokenised_turns_ratio_10x": round(_retokenised_from_store(many_stored, tokenizer_path)
+                                             / _retokenised_from_store(few_stored, tokenizer_path), 2),
+        "retokenised_in_memory_turns_ratio_10x": round(retokenised(many) / retokenised(few), 2),
     }
+
+
+def _retokenised_from_store(ids: list[int], tokenizer_path: Path) -> float:
+    """The best time of `run_samples` (pages of PAGE runs) on stored runs without token ids, re-tokenised
+    with the tokenizer their endpoint names; the tokenizer loaded afresh for each try (its word cache)."""
+    from django.conf import settings
+
+    from experience.distill import rl_samples
+
+    settings.TROVE_RL_TOKENIZERS = {RETOKENISED_ENDPOINT: str(tokenizer_path)}
+    times = []
+    for _ in range(5):
+        rl_samples._cached_encoder.cache_clear()
+        elapsed, assemblies = timed_assembly(ids)
+        assert all(not a.exact and len(a.samples) == 1 for a in assemblies.values()), "re-tokenised, one sample"
+        times.append(elapsed)
+    return min(times)
 
 
 def _ten_times_longer(server, turns: int, short) -> int:

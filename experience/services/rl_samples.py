@@ -27,7 +27,9 @@ from experience.distill.rl_samples import (
     model_calls,
 )
 from experience.models import Step, Trajectory
-from experience.services.stored import stored_step_records
+from experience.records import StepRecord
+from experience.services.blobs import blob_get_many
+from experience.steps import CONTEXT, ContextMessages, referenced_hashes, step_record_from_parts
 
 _PAYLOADS_SQL = (
     "SELECT trajectory_id, seq, payload::text FROM experience_step"
@@ -64,9 +66,15 @@ def _lean_calls(ids: list[int]) -> dict[int, list[ModelCall]]:
 
 
 def _full_calls(ids: list[int]) -> dict[int, list[ModelCall]]:
-    """The runs' model calls with their request messages and responses."""
+    """The runs' model calls with their request messages and responses. Each context message is parsed once
+    and the same record shared by every call whose context holds it (`ContextMessages`), so chaining
+    compares a call's request with the sample's history by identity, in C, and the cost stays linear in the
+    messages a run adds, not in the sum of its calls' contexts."""
     steps = list(Step.objects.filter(trajectory_id__in=ids, kind=Step.Kind.MODEL_CALL).order_by("trajectory_id", "seq"))
-    records = stored_step_records(steps)
+    blobs = blob_get_many(h for step in steps for h in referenced_hashes(step.blob_refs))
+    contexts = ContextMessages(blobs).contexts({step.pk: step.blob_refs[CONTEXT] for step in steps
+                                                if CONTEXT in step.blob_refs})
+    records = [_step_record(step, blobs, contexts.get(step.pk)) for step in steps]
     by_run: dict[int, list[tuple[int, Any]]] = defaultdict(list)
     for step, record in zip(steps, records, strict=True):
         by_run[step.trajectory_id].append((step.seq, record))
@@ -74,6 +82,14 @@ def _full_calls(ids: list[int]) -> dict[int, list[ModelCall]]:
         run_id: model_calls([record for _, record in by_run[run_id]], seqs=[seq for seq, _ in by_run[run_id]])
         for run_id in ids
     }
+
+
+def _step_record(step: Step, blobs: dict[str, bytes], context: list | None) -> StepRecord:
+    return step_record_from_parts(
+        kind=step.kind, payload=step.payload, blob_refs=step.blob_refs, blobs=blobs, context=context,
+        started_at=step.started_at, ended_at=step.ended_at, duration_ms=step.duration_ms, exit_code=step.exit_code,
+        tokens_in=step.tokens_in, tokens_out=step.tokens_out, call_id=step.call_id, is_error=step.is_error,
+    )
 
 
 def sample_data(sample: Sample) -> dict[str, Any]:
