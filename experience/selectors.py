@@ -63,3 +63,18 @@ def trajectory_timeline(*, trajectory: Trajectory, after_seq: int = -1, limit: i
         offset = (step.started_at - origin).total_seconds() * 1000 if (origin and step.started_at) else None
         timeline.append(TimelineStep(step=step, record=record, offset_ms=offset, width_ms=_width_ms(step)))
     return timeline
+
+
+def trajectory_linked_runs(*, trajectory: Trajectory) -> dict[str, list[tuple[int, str]]]:
+    """The stored runs an imported run names as its parent (metadata parent_source_ref) and as its subagents
+    (subagent_source_refs), as (id, source_ref), in one query. Refs not stored (yet) are left out."""
+    metadata = trajectory.metadata or {}
+    parent = metadata.get("parent_source_ref")
+    children = [r for r in metadata.get("subagent_source_refs") or [] if isinstance(r, str)]
+    refs = ([parent] if isinstance(parent, str) else []) + children
+    if not refs:
+        return {"parent": [], "subagents": []}
+    found = dict(Trajectory.objects.filter(source=trajectory.source, source_ref__in=refs)
+                 .values_list("source_ref", "id"))
+    return {"parent": [(found[parent], parent)] if parent in found else [],
+            "subagents": [(found[r], r) for r in children if r in found]}

@@ -7,7 +7,7 @@ from django.shortcuts import render
 
 from experience.errors import NotFound
 from experience.run_steps import run_labels, run_page_config
-from experience.selectors import trajectory_get, trajectory_list
+from experience.selectors import trajectory_get, trajectory_linked_runs, trajectory_list
 from experience.services.curation import curation_history
 from webapp.access.permissions import scope_required
 from webapp.dashboard import charts, selectors
@@ -67,5 +67,6 @@ def trajectory_detail(request, trajectory_id: int):
         "trajectory": trajectory, "rollout": rollout, "run": run_page_config(trajectory=trajectory),
         "labels": run_labels(trajectory=trajectory),
         "history": history[:HISTORY_ROWS], "history_more": len(history) > HISTORY_ROWS,
+        "linked": trajectory_linked_runs(trajectory=trajectory),
         **run_review_context(trajectory=trajectory, user=request.user),
     })
