@@ -120,6 +120,7 @@ def assembly_summary(assembly: Assembly) -> dict[str, Any]:
         "note": assembly.note,
         "tokens": sum(len(sample.token_ids) for sample in assembly.samples),
         "generated_tokens": sum(sample.generated_tokens for sample in assembly.samples),
+        "policy_versions": sorted({v for sample in assembly.samples for v in sample.policy_versions if v is not None}),
         "forks": [fork.to_dict() for fork in assembly.forks],
     }
 

@@ -46,6 +46,8 @@ def test_the_run_page_shows_the_samples_and_each_fork_with_where_and_why(researc
     assert re.search(r'<td>1</td><td><a href="#step-2">2</a></td> <td>compaction</td><td>1</td>', forked)
     one = panel(researcher.get(f"/trajectories/{straight.trajectory_id}/").content.decode(), "rl-samples", "section")
     assert "<strong>1 sample</strong>" in one and "rl-forks" not in one
+    # The weights that made the run's calls, as the server named them (finished_job's server: step-<rollout>).
+    assert f'policy version <span class="rl-policy">step-{straight.pk}</span>' in one
 
 
 def test_the_job_page_says_the_share_of_rollouts_that_are_one_sample_and_the_fork_causes(researcher, tokenizer_path):
