@@ -13,11 +13,94 @@ import uuid
 from pathlib import Path
 
 import pytest
+import redis
 from django.conf import settings
+
+from tests.redis_keys import (
+    describe_dead_letters,
+    forget_queue,
+    forget_stream,
+    leftover_keys,
+    remove_leftovers,
+    unique_queue,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
 pytest_plugins = [p for p in ("tests.kube.fixtures",) if (REPO / (p.replace(".", "/") + ".py")).exists()]
+
+
+# --- Redis: a test run leaves nothing behind ---------------------------------------------------------------
+
+
+def _test_proxy_stream() -> str:
+    """The proxy's stream during the tests: named after the test database (webapp/proxy/locations.py), known
+    before pytest-django creates it and after it has been dropped."""
+    from django.db import connections
+
+    from webapp.proxy.locations import STREAM_PREFIX, slug
+
+    if settings.TROVE_PROXY_STREAM:
+        return settings.TROVE_PROXY_STREAM
+    name = connections["default"].creation._get_test_db_name()
+    return f"{STREAM_PREFIX}:{slug(Path(str(name)).name)}"
+
+
+class RunRedis:
+    """This run's place in the tests' Redis db: a client, the proxy's stream of the test database, and the
+    queue that messages go to when a test routes them to no queue of its own."""
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.proxy_stream = _test_proxy_stream()
+        self.default_queue = unique_queue("default")
+
+    def drop_messages_of_the_default_queue(self) -> None:
+        # Sent by a test to no worker (an API call that enqueues a rollout, say): they name rows of the test
+        # database, which is emptied after each test, so they go with it. Only the message lists: the queue's
+        # binding table stays until the end of the run.
+        lists = [k for k in self.client.scan_iter(match=f"{self.default_queue}*") if not k.startswith(b"_kombu")]
+        if lists:
+            self.client.delete(*lists)
+
+
+@pytest.fixture(scope="session")
+def run_redis():
+    """This run's Redis (None in the embedded default). At the end the run fails when keys it made are still
+    there: its queues', its streams', the proxy stream's (tests/redis_keys.py names them all after the run),
+    listing them; then they are removed."""
+    if not settings.REDIS_URL:
+        yield None
+        return
+    from webapp.celery import app
+
+    run = RunRedis(settings.REDIS_URL)
+    forget_stream(run.client, run.proxy_stream)  # a crashed earlier run's, on this same test database
+    previous, app.conf.task_default_queue = app.conf.task_default_queue, run.default_queue
+    yield run
+    app.conf.task_default_queue = previous
+    left = [key for key in leftover_keys(run.client, proxy_stream=run.proxy_stream) if run.default_queue not in key]
+    dead = forget_stream(run.client, run.proxy_stream)
+    forget_queue(run.client, run.default_queue)
+    remove_leftovers(run.client, left)
+    run.client.close()
+    if left or dead:
+        pytest.fail(f"this test run left {len(left)} key(s) in Redis {settings.REDIS_URL}: {', '.join(left)}"
+                    + (f"; {describe_dead_letters(run.proxy_stream, dead)}" if dead else "")
+                    + ". The fixture or test that made them must remove them (tests/redis_keys.py).", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def redis_emptied_after_each_test(run_redis):
+    """After each test: the proxy's stream of the test database emptied (its records name rows the test
+    database drops), failing the test if the proxy dead-lettered any of them; the default queue's messages
+    dropped."""
+    yield
+    if run_redis is not None:
+        run_redis.drop_messages_of_the_default_queue()
+        dead = forget_stream(run_redis.client, run_redis.proxy_stream)
+        if dead:
+            pytest.fail(describe_dead_letters(run_redis.proxy_stream, dead), pytrace=False)
 
 
 @pytest.fixture
@@ -92,14 +175,15 @@ def _database_url_for_subprocess() -> str:
 
 
 @pytest.fixture
-def celery_worker_process(transactional_db, proxy, sandbox_root, tmp_path):
+def celery_worker_process(transactional_db, proxy, sandbox_root, tmp_path, run_redis):
     """A real `celery worker` process on Redis, using this test's database, proxy and sandbox root.
 
-    A unique queue keeps it from taking tasks of other test runs sharing the same Redis.
+    A unique queue keeps it from taking tasks of other test runs sharing the same Redis; its keys are
+    removed afterwards.
     """
     if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql" or not settings.REDIS_URL:
         pytest.fail("the full-stack tests need DATABASE_URL (Postgres) and REDIS_URL: run them with `make test`")
-    queue = f"trove-test-{uuid.uuid4().hex[:8]}"
+    queue = unique_queue("worker")
     env = dict(
         os.environ,
         DATABASE_URL=_database_url_for_subprocess(),
@@ -118,7 +202,7 @@ def celery_worker_process(transactional_db, proxy, sandbox_root, tmp_path):
     )
     from webapp.celery import app
 
-    app.conf.task_default_queue = queue
+    previous, app.conf.task_default_queue = app.conf.task_default_queue, queue
     _wait_for_worker(app, queue, process, log_path)
     yield process
     process.terminate()
@@ -127,7 +211,8 @@ def celery_worker_process(transactional_db, proxy, sandbox_root, tmp_path):
     except subprocess.TimeoutExpired:
         process.kill()
     log.close()
-    app.conf.task_default_queue = "trove"
+    app.conf.task_default_queue = previous
+    forget_queue(run_redis.client, queue)
 
 
 def _wait_for_worker(app, queue: str, process, log_path: Path, timeout: float = 60) -> None:

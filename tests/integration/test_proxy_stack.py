@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -18,6 +17,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from experience.models import Step, Trajectory
+from tests.redis_keys import forget_stream, unique_stream
 from tests.webapp.proxy.harness import UpstreamState, closed_port, new_call_id, send, upstream  # noqa: F401
 from tests.webapp.proxy.rollouts import finish, running_rollout
 from webapp.proxy.locations import proxy_spool_dir, proxy_stream
@@ -39,12 +39,11 @@ def full_stack(settings, tmp_path) -> Iterator[redis.Redis]:
     """This test's stream and spool on the full stack's Redis; the stream is removed afterwards."""
     if django_settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql" or not settings.REDIS_URL:
         pytest.fail("the proxy stack tests need DATABASE_URL (Postgres) and REDIS_URL")
-    settings.TROVE_PROXY_STREAM = f"trove:test:proxy-stack:{uuid.uuid4().hex}"
+    settings.TROVE_PROXY_STREAM = unique_stream("proxy-stack")
     settings.TROVE_PROXY_SPOOL_DIR = tmp_path / "spool"
     client = redis.Redis.from_url(settings.REDIS_URL)
     yield client
-    stream = settings.TROVE_PROXY_STREAM
-    client.delete(stream, f"{stream}:dead", f"{stream}:ingest-lock")
+    forget_stream(client, settings.TROVE_PROXY_STREAM)
     client.close()
 
 

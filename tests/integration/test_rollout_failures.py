@@ -22,6 +22,7 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from experience.models import Step, Trajectory
+from tests.redis_keys import forget_queue, unique_queue
 from tests.webapp.rollouts.jobs_factories import make_endpoint
 from webapp.celery import app as celery_app
 from webapp.fleets.models import Sandbox
@@ -171,13 +172,15 @@ def assert_no_sandbox_left(backend, sandbox_root: Path) -> None:
 
 
 @pytest.fixture
-def shared_queue():
-    """A unique queue on the shared Redis for this test's workers; the reaper enqueues there too."""
-    queue = f"trove-test-{uuid.uuid4().hex[:8]}"
+def shared_queue(run_redis):
+    """A unique queue on the shared Redis for this test's workers; the reaper enqueues there too. Its keys
+    are removed afterwards."""
+    queue = unique_queue("shared")
     previous = celery_app.conf.task_default_queue
     celery_app.conf.task_default_queue = queue
     yield queue
     celery_app.conf.task_default_queue = previous
+    forget_queue(run_redis.client, queue)
 
 
 # --- a worker killed mid-rollout -------------------------------------------------------------------------------

@@ -4,11 +4,11 @@ reaper and runs once; a late duplicate of its message does nothing."""
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 
 from experience.models import Trajectory
+from tests.redis_keys import forget_queue, unique_queue
 from webapp.celery import app
 from webapp.rollouts.models import Rollout, RolloutJob
 from webapp.rollouts.services import job_create
@@ -20,9 +20,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 R = Rollout.Status
 
 
-def _send_then_lose(demo_task_set, demo_fleet, demo_model_url) -> RolloutJob:
+def _send_then_lose(demo_task_set, demo_fleet, demo_model_url, client) -> RolloutJob:
     """A one-rollout job whose message reaches the broker and is then lost with its queue."""
-    lost_queue = f"trove-test-lost-{uuid.uuid4().hex[:8]}"
+    lost_queue = unique_queue("lost")
     previous, app.conf.task_default_queue = app.conf.task_default_queue, lost_queue
     try:
         job = job_create(task_set=demo_task_set, fleet=demo_fleet, endpoint=seed_demo_endpoint(demo_model_url),
@@ -34,6 +34,7 @@ def _send_then_lose(demo_task_set, demo_fleet, demo_model_url) -> RolloutJob:
         assert broker_backlog() == 0
     finally:
         app.conf.task_default_queue = previous
+        forget_queue(client, lost_queue)
     return job
 
 
@@ -48,10 +49,10 @@ def _wait_until_finished(job: RolloutJob, timeout: float = 120) -> None:
 
 
 def test_a_rollout_whose_message_was_lost_is_sent_again_by_the_reaper_and_runs_once(
-    request, settings, local_backend, proxy, demo_model_url, demo_task_set, demo_fleet
+    request, settings, local_backend, proxy, demo_model_url, demo_task_set, demo_fleet, run_redis
 ):
     settings.TROVE_ROLLOUT_RESEND_S = 0
-    job = _send_then_lose(demo_task_set, demo_fleet, demo_model_url)
+    job = _send_then_lose(demo_task_set, demo_fleet, demo_model_url, run_redis.client)
     request.getfixturevalue("celery_worker_process")  # a live worker: without a message it has nothing to run
     rollout = job.rollouts.get()
     assert Rollout.objects.get(pk=rollout.pk).status == R.QUEUED
@@ -69,9 +70,9 @@ def test_a_rollout_whose_message_was_lost_is_sent_again_by_the_reaper_and_runs_o
 
 
 def test_nothing_is_sent_again_while_the_broker_queue_still_holds_messages(settings, demo_model_url, demo_task_set,
-                                                                           demo_fleet):
+                                                                           demo_fleet, run_redis):
     settings.TROVE_ROLLOUT_RESEND_S = 0
-    queue = f"trove-test-waiting-{uuid.uuid4().hex[:8]}"
+    queue = unique_queue("waiting")
     previous, app.conf.task_default_queue = app.conf.task_default_queue, queue
     try:
         job = job_create(task_set=demo_task_set, fleet=demo_fleet, endpoint=seed_demo_endpoint(demo_model_url),
@@ -83,6 +84,5 @@ def test_nothing_is_sent_again_while_the_broker_queue_still_holds_messages(setti
         assert broker_backlog() == 2
         assert sorted(job.rollouts.values_list("sent_at", flat=True)) == first_sent, "none marked as sent again"
     finally:
-        with app.connection_for_write() as connection:
-            connection.default_channel.queue_purge(queue)
         app.conf.task_default_queue = previous
+        forget_queue(run_redis.client, queue)

@@ -16,8 +16,10 @@ import aiohttp
 import pytest
 import redis
 from aiohttp import web
+from django.conf import settings as django_settings
 from multidict import CIMultiDict
 
+from tests.redis_keys import forget_stream, unique_stream
 from webapp.proxy.app import CALL_ID_HEADER, Target, make_proxy_app
 from webapp.proxy.recorder import InProcessSink
 from webapp.proxy.records import CallRecord
@@ -370,14 +372,17 @@ def send(
 
 
 @pytest.fixture
-def redis_client() -> Iterator[redis.Redis]:
-    client = redis.Redis(host="127.0.0.1", port=6379)
+def redis_client(run_redis) -> Iterator[redis.Redis]:
+    """A client of the tests' Redis db (REDIS_URL), never another's."""
+    if run_redis is None:
+        pytest.fail("the Redis stream tests need REDIS_URL: run them with `make test`")
+    client = redis.Redis.from_url(django_settings.REDIS_URL)
     yield client
     client.close()
 
 
 @pytest.fixture
 def stream_name(redis_client: redis.Redis) -> Iterator[str]:
-    name = f"trove:test:proxy:{uuid.uuid4().hex}"
+    name = unique_stream("proxy")
     yield name
-    redis_client.delete(name, f"{name}:dead")
+    forget_stream(redis_client, name)

@@ -16,6 +16,7 @@ import redis
 from django.conf import settings
 from django.test import TestCase
 
+from tests.redis_keys import forget_queue, unique_queue
 from webapp.fleets import services as fleet_services
 from webapp.fleets.models import Fleet
 from webapp.rollouts.models import ModelEndpoint, Rollout, RolloutJob, TaskSet
@@ -110,11 +111,12 @@ def celery_queue():
 
     if not settings.REDIS_URL:
         pytest.fail("these tests read the enqueued rollouts from Redis: run them with REDIS_URL set")
-    queue, previous = f"trove-test-jobs-{uuid.uuid4().hex[:8]}", app.conf.task_default_queue
+    queue, previous = unique_queue("jobs"), app.conf.task_default_queue
     app.conf.task_default_queue = queue
     client = redis.Redis.from_url(settings.REDIS_URL)
     yield lambda: [json.loads(m)["headers"] for m in client.lrange(queue, 0, -1)]
-    client.delete(queue)
+    forget_queue(client, queue)
+    client.close()
     app.conf.task_default_queue = previous
 
 
