@@ -25,7 +25,7 @@ Figures per preset, means per rollout, from the runner's clock (Rollout.timings)
 The last line printed is one JSON object: {"presets": {name: figures}, "target_overhead_fraction": 0.05,
 "rollouts_per_preset", "concurrency", "load_avg"}.
 
-    quick: .venv/bin/python benchmarks/harness_rollouts.py --presets opencode,codex --rollouts 4
+    quick (all six presets, 4 rollouts each, 150 s wall time): .venv/bin/python benchmarks/harness_rollouts.py --quick
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 MODEL = "trove-demo-stand-in"
 TARGET_OVERHEAD_FRACTION = 0.05
+QUICK_ROLLOUTS, QUICK_WALL_TIME_S = 4, 150
 
 
 def main() -> None:
@@ -58,7 +59,11 @@ def main() -> None:
                         help="each rollout's wall-time budget, s (a harness with no turn limit runs a wandering "
                              "demo sample to it)")
     parser.add_argument("--keep-db", action="store_true")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK_ROLLOUTS} rollouts per preset and a {QUICK_WALL_TIME_S} s wall time")
     args = parser.parse_args()
+    if args.quick:
+        args.rollouts, args.wall_time = QUICK_ROLLOUTS, QUICK_WALL_TIME_S
     import django
 
     django.setup()
@@ -109,7 +114,7 @@ def run(args: argparse.Namespace, root: Path, socket_path: str) -> dict:
         proxy.stop()
         stop_model()
     return {"presets": results, "target_overhead_fraction": TARGET_OVERHEAD_FRACTION,
-            "rollouts_per_preset": args.rollouts, "concurrency": args.concurrency,
+            "rollouts_per_preset": args.rollouts, "concurrency": args.concurrency, "quick": args.quick,
             "load_avg": round(os.getloadavg()[0], 2)}
 
 

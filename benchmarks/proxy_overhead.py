@@ -134,6 +134,83 @@ REQUEST = {
 }
 
 
+ANSWER_TEXT = "cd /repo && pytest -q tests/test_parser.py"
+WORDS = ["cd /repo", " && pytest", " -q tests/", "test_parser.py"]
+SYSTEM = "You are a software engineer working in a bash shell. " * 8
+# What each protocol's harness sends and where (OpenAI Responses: Codex's shape; Anthropic Messages: Claude
+# Code's), the same conversation as REQUEST.
+PROTOCOL_PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+RESPONSES_REQUEST = {
+    "model": MODEL, "instructions": SYSTEM, "store": False, "max_output_tokens": 256, "temperature": 0.0,
+    "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": REQUEST["messages"][1]["content"]}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ls -la /repo"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": REQUEST["messages"][3]["content"]}]},
+    ],
+}
+MESSAGES_REQUEST = {
+    "model": MODEL, "system": SYSTEM, "max_tokens": 256, "temperature": 0.0,
+    "messages": [{"role": m["role"], "content": m["content"]} for m in REQUEST["messages"][1:]],
+}
+REQUESTS = {"chat": REQUEST, "responses": RESPONSES_REQUEST, "messages": MESSAGES_REQUEST}
+
+
+def _sse(event: str | None, data: dict[str, Any]) -> bytes:
+    return (f"event: {event}\n".encode() if event else b"") + b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+def _responses_answer(status: str = "completed", text: str = ANSWER_TEXT) -> dict[str, Any]:
+    message = {"type": "message", "id": "msg_bench", "status": "completed", "role": "assistant",
+               "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    return {"id": "resp_bench", "object": "response", "created_at": 1700000000, "status": status, "model": MODEL,
+            "output": [message] if status == "completed" else [], "parallel_tool_calls": False, "tools": [],
+            "tool_choice": "auto", "error": None, "incomplete_details": None,
+            "usage": {"input_tokens": 52, "output_tokens": 11, "total_tokens": 63,
+                      "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}}
+
+
+def _responses_events() -> list[bytes]:
+    item = {"type": "message", "id": "msg_bench", "status": "in_progress", "role": "assistant", "content": []}
+    part = {"type": "output_text", "text": "", "annotations": []}
+    events = [_sse("response.created", {"type": "response.created", "sequence_number": 0,
+                                        "response": _responses_answer("in_progress")}),
+              _sse("response.output_item.added", {"type": "response.output_item.added", "sequence_number": 1,
+                                                  "output_index": 0, "item": item}),
+              _sse("response.content_part.added", {"type": "response.content_part.added", "sequence_number": 2,
+                                                   "item_id": "msg_bench", "output_index": 0, "content_index": 0,
+                                                   "part": part})]
+    for n, word in enumerate(WORDS):
+        events.append(_sse("response.output_text.delta", {"type": "response.output_text.delta", "sequence_number": 3 + n,
+                                                          "item_id": "msg_bench", "output_index": 0,
+                                                          "content_index": 0, "delta": word}))
+    done = _responses_answer()
+    events += [_sse("response.output_text.done", {"type": "response.output_text.done", "sequence_number": 7,
+                                                  "item_id": "msg_bench", "output_index": 0, "content_index": 0,
+                                                  "text": ANSWER_TEXT}),
+               _sse("response.output_item.done", {"type": "response.output_item.done", "sequence_number": 8,
+                                                  "output_index": 0, "item": done["output"][0]}),
+               _sse("response.completed", {"type": "response.completed", "sequence_number": 9, "response": done})]
+    return events
+
+
+MESSAGES_ANSWER = {"id": "msg_bench", "type": "message", "role": "assistant", "model": MODEL,
+                   "content": [{"type": "text", "text": ANSWER_TEXT}], "stop_reason": "end_turn",
+                   "stop_sequence": None, "usage": {"input_tokens": 52, "output_tokens": 11}}
+
+
+def _messages_events() -> list[bytes]:
+    start = {**MESSAGES_ANSWER, "content": [], "stop_reason": None, "usage": {"input_tokens": 52, "output_tokens": 1}}
+    events = [_sse("message_start", {"type": "message_start", "message": start}),
+              _sse("content_block_start", {"type": "content_block_start", "index": 0,
+                                           "content_block": {"type": "text", "text": ""}})]
+    events += [_sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                            "delta": {"type": "text_delta", "text": word}}) for word in WORDS]
+    return events + [_sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                     _sse("message_delta", {"type": "message_delta", "usage": {"output_tokens": 11},
+                                            "delta": {"stop_reason": "end_turn", "stop_sequence": None}}),
+                     _sse("message_stop", {"type": "message_stop"})]
+
+
 # --------------------------------------------------------------------------- roles (child processes)
 
 
@@ -148,24 +225,32 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 def role_upstream(port: int) -> None:
     from aiohttp import web
 
-    events = _stream_events()
+    answers = {"chat": (PLAIN_BODY, _stream_events()),
+               "responses": (json.dumps(_responses_answer()).encode(), _responses_events()),
+               "messages": (json.dumps(MESSAGES_ANSWER).encode(), _messages_events())}
 
-    async def chat(request: web.Request) -> web.StreamResponse:
-        raw = await request.read()
-        if b'"stream": true' not in raw and b'"stream":true' not in raw:
-            return web.Response(body=PLAIN_BODY, content_type="application/json")
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for event in events:
-            await response.write(event)
-        await response.write_eof()
-        return response
+    def answering(protocol: str) -> Any:
+        plain, events = answers[protocol]
+
+        async def answer(request: web.Request) -> web.StreamResponse:
+            raw = await request.read()
+            if b'"stream": true' not in raw and b'"stream":true' not in raw:
+                return web.Response(body=plain, content_type="application/json")
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            for event in events:
+                await response.write(event)
+            await response.write_eof()
+            return response
+
+        return answer
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
 
     app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
+    for protocol, path in PROTOCOL_PATHS.items():
+        app.router.add_post(path, answering(protocol))
     app.router.add_get("/v1/models", models)
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None, loop=_new_loop())
 
@@ -178,7 +263,7 @@ def _django() -> None:
     django.setup()
 
 
-def create_bench_rollouts(upstream_v1: str, count: int) -> dict[str, Any]:
+def create_bench_rollouts(upstream_v1: str, count: int, protocol: str = "chat") -> dict[str, Any]:
     """A job of `count` running rollouts (each with its trajectory) whose model is the mock upstream, made by
     the real services, as a rollout runner leaves them while its harness calls the model."""
     import uuid
@@ -194,7 +279,7 @@ def create_bench_rollouts(upstream_v1: str, count: int) -> dict[str, Any]:
     fleet = seed_local_fleet(name=f"bench-proxy-{uuid.uuid4().hex[:8]}", min_warm=0, max_warm=0, max_total=1)
     task_set = seed_demo_task_set()
     task_key = task_set.tasks.order_by("key").values_list("key", flat=True)[0]
-    endpoint = endpoint_register(name=f"bench-proxy-{uuid.uuid4().hex[:8]}", base_url=upstream_v1, protocol="chat",
+    endpoint = endpoint_register(name=f"bench-proxy-{uuid.uuid4().hex[:8]}", base_url=upstream_v1, protocol=protocol,
                                  model_names=[MODEL], allow_private_network=True)  # the mock upstream is on loopback
     job = job_create(task_set=task_set, fleet=fleet, endpoint=endpoint, model_name=MODEL,
                      name="benchmarks/proxy_overhead.py", samples_per_task=count, task_keys=[task_key], concurrency=count,
@@ -229,7 +314,7 @@ def delete_bench_rollouts(bench: dict[str, Any]) -> None:
     Fleet.objects.filter(pk=bench["fleet_id"]).delete()
 
 
-def role_trove(port: int, upstream_url: str, sink_kind: str, workers: int) -> None:
+def role_trove(port: int, upstream_url: str, sink_kind: str, workers: int, protocol: str = "chat") -> None:
     """Trove's proxy served as `run_proxy` serves it, in `workers` processes, each with its own app and
     sink. `--sink count` is one process (its counter is the process's own)."""
     sys.path.insert(0, str(REPO))
@@ -242,7 +327,7 @@ def role_trove(port: int, upstream_url: str, sink_kind: str, workers: int) -> No
 
     def make_app() -> tuple[Any, Any]:
         if sink_kind == "count":
-            app, sink, recorded_now = _counting_app(upstream_url)
+            app, sink, recorded_now = _counting_app(upstream_url, protocol)
         else:
             from webapp.proxy.wiring import database_sink, make_trove_proxy_app
 
@@ -259,7 +344,7 @@ def role_trove(port: int, upstream_url: str, sink_kind: str, workers: int) -> No
     serve_proxy(make_app, workers=_trove_processes(sink_kind, workers), host="127.0.0.1", port=port)
 
 
-def _counting_app(upstream_url: str) -> tuple[Any, Any, Any]:
+def _counting_app(upstream_url: str, protocol: str) -> tuple[Any, Any, Any]:
     from webapp.proxy.app import Target, make_proxy_app
     from webapp.proxy.recorder import InProcessSink
 
@@ -269,7 +354,8 @@ def _counting_app(upstream_url: str) -> tuple[Any, Any, Any]:
         counted[0] += len(batch)
 
     sink = InProcessSink(count)
-    target = Target("bench-rollout", "bench-trajectory", f"{upstream_url}/v1", "sk-upstream", allow_private_network=True)
+    target = Target("bench-rollout", "bench-trajectory", f"{upstream_url}/v1", "sk-upstream", allow_private_network=True,
+                    protocol=protocol)
 
     async def resolve(token: str) -> Target | None:
         return target if token == TOKEN else None
@@ -292,14 +378,18 @@ def role_ingest(nice: int) -> None:
         ingest_stream(consumer=consumer_name("bench-ingest"), max_seconds=5.0)
 
 
-def role_loadgen(urls: list[str], *, requests: int, concurrency: int, stream: bool, per_worker: bool = False) -> None:
+def role_loadgen(urls: list[str], *, requests: int, concurrency: int, stream: bool, per_worker: bool = False,
+                 protocol: str = "chat") -> None:
     """One URL: `requests` requests over `concurrency` connections. Several URLs: one connection each,
     one request at a time, taking turns (paired samples under the same conditions). Several URLs with
     `per_worker`: one target reached by a URL per connection (a rollout token each), pooled."""
     import aiohttp
 
-    body = json.dumps({**REQUEST, "stream": True} if stream else REQUEST).encode()
+    request = REQUESTS[protocol]
+    body = json.dumps({**request, "stream": True} if stream else request).encode()
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {MASTER_KEY}"}
+    if protocol == "messages":  # what an Anthropic client sends (LiteLLM reads its key from either header)
+        headers.update({"anthropic-version": "2023-06-01", "x-api-key": MASTER_KEY})
     latencies: dict[str, list[float]] = {url: [] for url in urls}
     failures: dict[str, dict[str, int]] = {url: {} for url in urls}
 
@@ -410,23 +500,27 @@ def _wait_ready(
 
 
 def _load(url: str | list[str], *, requests: int, concurrency: int, stream: bool = False,
-          per_worker: bool = False) -> dict[str, Any]:
+          per_worker: bool = False, protocol: str = "chat") -> dict[str, Any]:
     urls = [url] if isinstance(url, str) else url
-    args = _self("--role", "loadgen", "--requests", str(requests), "--concurrency", str(concurrency))
+    args = _self("--role", "loadgen", "--requests", str(requests), "--concurrency", str(concurrency),
+                 "--protocol", protocol)
     args += [arg for one in urls for arg in ("--url", one)] + (["--stream"] if stream else [])
     args += ["--per-worker"] if per_worker else []
     done = subprocess.run(args, capture_output=True, timeout=1800, check=True, cwd=REPO)
     return json.loads(done.stdout.decode().strip().splitlines()[-1])
 
 
-def _litellm_config(workdir: Path, upstream_url: str) -> Path:
+def _litellm_config(workdir: Path, upstream_url: str, protocol: str) -> Path:
+    """The mock as LiteLLM's model: an OpenAI one (its /v1/chat/completions and /v1/responses call the
+    upstream's) or, for Messages, an Anthropic one (its /v1/messages calls the upstream's /v1/messages)."""
+    provider, api_base = ("anthropic", upstream_url) if protocol == "messages" else ("openai", f"{upstream_url}/v1")
     path = workdir / "litellm.yaml"
     path.write_text(
         "model_list:\n"
         f"  - model_name: {MODEL}\n"
         "    litellm_params:\n"
-        f"      model: openai/{MODEL}\n"
-        f"      api_base: {upstream_url}/v1\n"
+        f"      model: {provider}/{MODEL}\n"
+        f"      api_base: {api_base}\n"
         "      api_key: sk-upstream\n"
         "general_settings:\n"
         f"  master_key: {MASTER_KEY}\n"
@@ -435,7 +529,7 @@ def _litellm_config(workdir: Path, upstream_url: str) -> Path:
 
 
 def _start_litellm(
-    workdir: Path, upstream_url: str
+    workdir: Path, upstream_url: str, protocol: str = "chat"
 ) -> tuple[subprocess.Popen[bytes] | None, str | None, str | None]:
     """(process, base URL, None) or (None, None, why it is not there)."""
     if not LITELLM_BIN.exists():
@@ -454,7 +548,7 @@ def _start_litellm(
         [
             str(LITELLM_BIN),
             "--config",
-            str(_litellm_config(workdir, upstream_url)),
+            str(_litellm_config(workdir, upstream_url, protocol)),
             "--host",
             "127.0.0.1",
             "--port",
@@ -478,15 +572,18 @@ PHASES = ("unloaded", "load", "stream")
 LOADED_PHASES = ("load", "stream")
 
 
-def _phase_load(phase: str, requests: int, rounds: int) -> dict[str, Any]:
-    """The loadgen arguments of one round of a loaded phase."""
+def _phase_load(phase: str, requests: int, rounds: int, protocol: str = "chat", stream: bool = False) -> dict[str, Any]:
+    """The loadgen arguments of one round of a loaded phase (`stream`: the load phase streamed too)."""
     if phase == "load":
-        return {"requests": max(100, requests // rounds), "concurrency": CONCURRENCY}
-    return {"requests": max(100, requests // 3 // rounds), "concurrency": CONCURRENCY, "stream": True}
+        return {"requests": max(100, requests // rounds), "concurrency": CONCURRENCY, "protocol": protocol,
+                "stream": stream}
+    return {"requests": max(100, requests // 3 // rounds), "concurrency": CONCURRENCY, "stream": True,
+            "protocol": protocol}
 
 
 def _measure(
-    urls: dict[str, str | list[str]], requests: int, rounds: int, cpu_pids: dict[str, list[int]]
+    urls: dict[str, str | list[str]], requests: int, rounds: int, cpu_pids: dict[str, list[int]],
+    protocol: str = "chat", stream: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """The unloaded phase alternates between direct and one proxy at a time, one request each, so a proxy's
     samples and its baseline's are taken under the same conditions. The loaded phases run in `rounds` rounds, the targets taking
@@ -495,11 +592,13 @@ def _measure(
     target's own processes (`cpu_pids`) spend in the plain load phase is divided by its calls: unlike
     latency, that figure hardly moves with a noisy neighbour on a shared machine."""
     for url in urls.values():  # pools, caches, lazy imports
-        _load(url, requests=WARMUP_REQUESTS, concurrency=CONCURRENCY, per_worker=isinstance(url, list))
+        _load(url, requests=WARMUP_REQUESTS, concurrency=CONCURRENCY, per_worker=isinstance(url, list),
+              protocol=protocol, stream=stream)
     firsts = {name: url[0] if isinstance(url, list) else url for name, url in urls.items()}
     results: dict[str, dict[str, Any]] = {}
     for name in (name for name in firsts if name != "direct"):  # each proxy paired with direct
-        pair = _load([firsts["direct"], firsts[name]], requests=max(100, requests // 6), concurrency=1)["per_url"]
+        pair = _load([firsts["direct"], firsts[name]], requests=max(100, requests // 6), concurrency=1,
+                     protocol=protocol, stream=stream)["per_url"]
         results[name] = {"unloaded": _without_samples(pair[firsts[name]])}
         results[name]["unloaded"]["direct_p50_ms"] = pair[firsts["direct"]]["p50_ms"]
         results.setdefault("direct", {"unloaded": _without_samples(pair[firsts["direct"]])})
@@ -510,7 +609,8 @@ def _measure(
             for name, url in urls.items():
                 before = _cpu_seconds(cpu_pids[name])
                 runs[name][phase].append(
-                    _load(url, **_phase_load(phase, requests, rounds), per_worker=isinstance(url, list)))
+                    _load(url, **_phase_load(phase, requests, rounds, protocol, stream),
+                          per_worker=isinstance(url, list)))
                 if phase == "load":
                     cpu_s[name] += _cpu_seconds(cpu_pids[name]) - before
     for name in urls:
@@ -539,6 +639,19 @@ def _cpu_seconds(pids: list[int]) -> float:
         total += stats[pid][1]
         todo += [child for child, (ppid, _) in stats.items() if ppid == pid]
     return total
+
+
+def _settled_cpu(pids: list[int], timeout: float = 60.0) -> float:
+    """The processes' CPU time once it stops growing (two 0.5 s samples apart by under 20 ms)."""
+    deadline = time.monotonic() + timeout
+    last = _cpu_seconds(pids)
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        now = _cpu_seconds(pids)
+        if now - last < 0.02:
+            return now
+        last = now
+    return last
 
 
 def _without_samples(summary: dict[str, Any]) -> dict[str, Any]:
@@ -624,6 +737,82 @@ def _keys(
     return keys
 
 
+def _start_private_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A redis-server for this run only (no snapshots), so its CPU time is all the benchmark's."""
+    import redis
+
+    port = _free_port()
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("--sink stream: redis-server is needed (a private one measures Redis's share of the work)")
+    process = _spawn([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                      "--dir", str(workdir)], log=workdir / "redis.log")
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            redis.Redis.from_url(url).ping()
+            return process, url
+        except redis.ConnectionError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError(f"the private redis-server did not start: {(workdir / 'redis.log').read_text()}") from None
+            time.sleep(0.1)
+
+
+class _BackendCpu:
+    """CPU time of the Postgres backends serving the benchmark's database (the proxy's token checks, the
+    writer or the ingest; not this process's own), sampled every 0.2 s so a backend that ends meanwhile
+    still counts up to its last sample. Postgres runs locally: its backends' /proc is readable."""
+
+    def __init__(self) -> None:
+        import threading
+
+        import psycopg
+        from django.db import connection
+
+        settings = connection.settings_dict
+        self._conn = psycopg.connect(dbname=settings["NAME"], user=settings["USER"], password=settings["PASSWORD"] or None,
+                                     host=settings["HOST"] or None, port=settings["PORT"] or None, autocommit=True)
+        self._cpu: dict[int, float] = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        rows = self._conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                                  "AND pid <> pg_backend_pid()").fetchall()
+        for (pid,) in rows:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            self._cpu[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def _run(self) -> None:
+        while not self._done.wait(0.2):
+            self._sample()
+
+    def stop(self) -> float:
+        if not self._done.is_set():
+            self._done.set()
+            self._thread.join()
+            self._sample()
+            self._conn.close()
+        return sum(self._cpu.values())
+
+
+def _total_cpu(keys: dict[str, Any]) -> dict[str, Any]:
+    """Trove's CPU per call: its proxy's, and that of the recording it causes (the ingest, Postgres, Redis)."""
+    parts = ("trove_cpu_ms_per_call", "ingest_cpu_ms_per_call", "postgres_cpu_ms_per_call", "redis_cpu_ms_per_call")
+    if keys.get("trove_cpu_ms_per_call") is None:
+        return {}
+    total = round(sum(keys.get(part) or 0.0 for part in parts), 3)
+    out: dict[str, Any] = {"trove_total_cpu_ms_per_call": total}
+    if keys.get("litellm_cpu_ms_per_call"):
+        out["trove_total_over_litellm_cpu"] = round(total / keys["litellm_cpu_ms_per_call"], 3)
+    return out
+
+
 def _trove_processes(sink_kind: str, workers: int) -> int:
     return 1 if sink_kind == "count" else max(1, workers)
 
@@ -639,47 +828,55 @@ def _check_environment(sink_kind: str) -> None:
 
 
 def orchestrate(requests: int, sink_kind: str, skip_litellm: bool, rounds: int, keep: bool = False,
-                ingest_nice: int = 10, workers: int = 1) -> dict[str, Any]:
-    _check_environment(sink_kind)
+                ingest_nice: int = 10, workers: int = 1, protocol: str = "chat", stream: bool = False) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="trove-bench-proxy-"))
     processes: list[subprocess.Popen[bytes]] = []
+    redis_process: subprocess.Popen[bytes] | None = None
+    backends: _BackendCpu | None = None
     bench: dict[str, Any] | None = None
+    if sink_kind == "stream":  # a Redis of its own: all of its CPU is what Trove's recording made it do
+        redis_process, os.environ["REDIS_URL"] = _start_private_redis(workdir)
+    _check_environment(sink_kind)
     try:
         upstream_port, trove_port = _free_port(), _free_port()
         upstream_url, trove_url = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{trove_port}"
         upstream_log, trove_log = workdir / "upstream.log", workdir / "trove.log"
         processes.append(_spawn(_self("--role", "upstream", "--port", str(upstream_port)), log=upstream_log))
         if sink_kind != "count":  # a running rollout per connection, as a job's harnesses would be
-            bench = create_bench_rollouts(f"{upstream_url}/v1", CONCURRENCY)
+            bench = create_bench_rollouts(f"{upstream_url}/v1", CONCURRENCY, protocol)
+            backends = _BackendCpu()
         env = dict(
             os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
         )
         trove_args = ["--role", "trove", "--port", str(trove_port), "--upstream", upstream_url, "--sink", sink_kind]
-        trove_args += ["--workers", str(workers)]
+        trove_args += ["--workers", str(workers), "--protocol", protocol]
         processes.append(_spawn(_self(*trove_args), env=env, log=trove_log))
         if sink_kind == "stream":
             processes.append(_spawn(_self("--role", "ingest", "--ingest-nice", str(ingest_nice)), env=env,
                                     log=workdir / "ingest.log"))
         _wait_ready(f"{upstream_url}/v1/models", processes[0], upstream_log, timeout=30)
         _wait_ready(f"{trove_url}/healthz", processes[1], trove_log, timeout=60)
+        # The ingest's start (Django, imports) is not per-call work: its CPU is counted from once it idles.
+        ingest_cpu_at_start = _settled_cpu([processes[2].pid]) if sink_kind == "stream" else 0.0
         litellm_url: str | None = None
         litellm_missing: str | None = "skipped (--skip-litellm)"
         if not skip_litellm:
-            litellm, litellm_url, litellm_missing = _start_litellm(workdir, upstream_url)
+            litellm, litellm_url, litellm_missing = _start_litellm(workdir, upstream_url, protocol)
             if litellm is not None:
                 processes.append(litellm)
         tokens = [TOKEN] if bench is None else bench["tokens"]
-        trove_urls = [f"{trove_url}/r/{token}/v1/chat/completions" for token in tokens]
+        path = PROTOCOL_PATHS[protocol]
+        trove_urls = [f"{trove_url}/r/{token}{path}" for token in tokens]
         urls: dict[str, str | list[str]] = {
-            "direct": f"{upstream_url}/v1/chat/completions",
+            "direct": f"{upstream_url}{path}",
             "trove": trove_urls[0] if bench is None else trove_urls,
         }
         if litellm_url:
-            urls["litellm"] = f"{litellm_url}/v1/chat/completions"
+            urls["litellm"] = f"{litellm_url}{path}"
         cpu_pids = {"direct": [processes[0].pid], "trove": [processes[1].pid]}
         if litellm_url:
             cpu_pids["litellm"] = [processes[-1].pid]
-        results: dict[str, Any] = _measure(urls, requests, rounds, cpu_pids)
+        results: dict[str, Any] = _measure(urls, requests, rounds, cpu_pids, protocol, stream)
         expected = _sent(results["trove"])
         measured = time.monotonic()
         recorded_fraction = round(_recorded(trove_url, expected, bench) / expected, 4)
@@ -691,10 +888,20 @@ def orchestrate(requests: int, sink_kind: str, skip_litellm: bool, rounds: int, 
                 "recorded_after_s": recorded_after_s, "trove_processes": _trove_processes(sink_kind, workers),
                 "litellm_processes": 1 if litellm_url else None}
         if sink_kind == "stream":  # the ingest process's whole run, over every call it stored
-            keys["ingest_cpu_ms_per_call"] = round(1000 * _cpu_seconds([processes[2].pid]) / expected, 3)
+            ingest_cpu = _cpu_seconds([processes[2].pid]) - ingest_cpu_at_start
+            keys["ingest_cpu_ms_per_call"] = round(1000 * ingest_cpu / expected, 3)
             keys["ingest_nice"] = ingest_nice
+            assert redis_process is not None
+            keys["redis_cpu_ms_per_call"] = round(1000 * _cpu_seconds([redis_process.pid]) / expected, 3)
+        if backends is not None:  # the database work of the token checks and of storing the records
+            keys["postgres_cpu_ms_per_call"] = round(1000 * backends.stop() / expected, 3)
+        keys.update(_total_cpu(keys), protocol=protocol, stream=stream)
+        keys["failed_calls"] = {name: sum(sum(figures["failures"].values()) for figures in phases.values())
+                                for name, phases in results.items()}
         return keys
     finally:
+        if backends is not None:
+            backends.stop()
         for process in reversed(processes):
             process.terminate()
         for process in processes:
@@ -702,6 +909,9 @@ def orchestrate(requests: int, sink_kind: str, skip_litellm: bool, rounds: int, 
                 process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 process.kill()
+        if redis_process is not None:
+            redis_process.terminate()
+            redis_process.wait(timeout=15)
         shutil.rmtree(workdir, ignore_errors=True)
         if bench is not None and not keep:
             delete_bench_rollouts(bench)
@@ -729,19 +939,21 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1,
                         help="Trove's proxy processes (run_proxy's own default is one per CPU; --sink count: 1)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per phase")
+    parser.add_argument("--protocol", choices=sorted(PROTOCOL_PATHS), default="chat",
+                        help="the API every target is called in (Trove passes it through; LiteLLM serves it too)")
     args = parser.parse_args()
     if args.role == "upstream":
         role_upstream(args.port)
     elif args.role == "trove":
-        role_trove(args.port, args.upstream, args.sink, args.workers)
+        role_trove(args.port, args.upstream, args.sink, args.workers, args.protocol)
     elif args.role == "loadgen":
         role_loadgen(args.url, requests=args.requests, concurrency=args.concurrency, stream=args.stream,
-                     per_worker=args.per_worker)
+                     per_worker=args.per_worker, protocol=args.protocol)
     elif args.role == "ingest":
         role_ingest(args.ingest_nice)
     else:
         print(json.dumps(orchestrate(args.requests, args.sink, args.skip_litellm, args.rounds, args.keep,
-                                     args.ingest_nice, args.workers)))
+                                     args.ingest_nice, args.workers, args.protocol, args.stream)))
 
 
 if __name__ == "__main__":

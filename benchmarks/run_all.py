@@ -115,6 +115,8 @@ BENCHES = [
         Figure("added latency p50 (ms) over direct", "trove_added_p50_ms", "<", 1.0),
         Figure("Trove rps vs direct rps", "trove_rps", ">=", 0.2, baseline="direct_rps"),
         Figure("Trove rps vs LiteLLM rps", "trove_rps", ">=", 50, baseline="litellm_rps"),
+        Figure("Trove CPU/call with its recording's (ingest, Postgres, Redis) vs LiteLLM's",
+               "trove_total_cpu_ms_per_call", "<=", 0.1, baseline="litellm_cpu_ms_per_call"),
     ], needs=("DATABASE_URL", "REDIS_URL"), timeout_quick=900, extra=litellm_args),
     Bench("kube", "kube_lifecycle.py", ["--n", "20", "--baseline-n", "5"], [], [
         Figure("success rate", "success_rate", "==", 1.0),
