@@ -39,6 +39,18 @@ cores with the load generator and the upstream, so latency under load is mostly 
 (16 / throughput); the added median is therefore taken from the unloaded phase, and the loaded medians
 are printed beside it.
 
+`--protocol chat|responses|messages` (default chat): every target is called in that API with the same
+conversation (Responses in Codex's shape, Messages in Claude Code's) and the mock answers in it; Trove's
+endpoint speaks it too (a pass-through, recorded and normalised), and LiteLLM serves it from its own
+`/v1/responses` (an OpenAI model) or `/v1/messages` (an Anthropic model at the mock). `--stream` streams the
+unloaded and load phases as well (the stream phase always is).
+
+Trove's CPU per call, `trove_total_cpu_ms_per_call`, is its proxy's (load phase) plus the work its recording
+causes, each over every call of the run: the ingest's (from once it idles after its start), the Postgres
+backends serving the benchmark's database (token checks, the writer or the ingest: sampled from /proc, Postgres
+being local), and, with `--sink stream`, a redis-server started for the run alone. `trove_total_over_litellm_cpu`
+sets it against LiteLLM's process (target <= 0.1). `failed_calls` counts non-200 answers per target.
+
 The last line is one JSON object; `*_p50_ms`, `*_p99_ms` and `*_added_p50_ms` are unloaded, `*_rps`
 from the load phase, `*_loaded_*` and `*_stream_*` from the other phases, `*_cpu_ms_per_call` the CPU
 time of a target's own processes per call in the load phase (robust to noisy neighbours; `upstream_` is
@@ -46,7 +58,8 @@ the mock's own, `ingest_` the stream ingest's with `--sink stream`). Targets: re
 trove_added_p50_ms < 1, trove_rps >= 50 x litellm_rps and >= direct_rps / 5.
 
     DATABASE_URL=postgres://... REDIS_URL=redis://... SECRET_KEY=... \
-        .venv/bin/python benchmarks/proxy_overhead.py [--requests 3000] [--sink stream|db|count] [--skip-litellm]
+        .venv/bin/python benchmarks/proxy_overhead.py [--requests 3000] [--sink stream|db|count] [--skip-litellm] \
+        [--protocol chat|responses|messages] [--stream]
 """
 
 from __future__ import annotations
