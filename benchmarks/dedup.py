@@ -2,7 +2,7 @@
 
 Phases (each can be shrunk or skipped by flag):
 
-- calibrate: the real SWE-agent fixtures (../shared/fixtures/trajectories, or TROVE_FIXTURES_DIR): per embedder, the lowest
+- calibrate: the real SWE-agent fixtures (../shared/fixtures/trajectories, or under TROVE_SHARED_DIR): per embedder, the lowest
   cosine within the 8 marshmallow-1867 runs (one task, eight agent configurations) and within the three
   runs of the missing-colon issue (same work under three task keys), the single-linkage height of each
   group (the highest threshold at which union-find still joins all of it), the highest cosine between runs of
@@ -76,7 +76,7 @@ from experience.importers import read_all  # noqa: E402
 from experience.records import StepRecord, TrajectoryRecord  # noqa: E402
 
 SHARED_DIR = Path(os.environ.get("TROVE_SHARED_DIR") or REPO.parent / "shared")
-FIXTURES_DIR = Path(os.environ.get("TROVE_FIXTURES_DIR") or SHARED_DIR / "fixtures" / "trajectories")
+FIXTURES_DIR = SHARED_DIR / "fixtures" / "trajectories"
 FIXTURES = FIXTURES_DIR / "swe-agent"
 PAIR_LABELS = REPO / "tests" / "fixtures" / "dedup" / "pair_labels.jsonl"
 REAL_SWEEP = {"lexical": (0.80, 0.85, 0.88, 0.90, 0.92, 0.95), "minilm": (0.90, 0.93, 0.95, 0.96, 0.97)}

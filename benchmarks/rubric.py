@@ -46,7 +46,7 @@ from experience.distill.rubric_agreement import (  # noqa: E402
 
 LABELS_DIR = REPO / "tests" / "fixtures" / "rubric"
 SHARED_DIR = Path(os.environ.get("TROVE_SHARED_DIR") or REPO.parent / "shared")
-FIXTURES_DIR = Path(os.environ.get("TROVE_FIXTURES_DIR") or SHARED_DIR / "fixtures" / "trajectories")
+FIXTURES_DIR = SHARED_DIR / "fixtures" / "trajectories"
 BASELINE_REV = "ac903b6"
 RUBRIC_MODULES = ("shell", "commands", "rubric")  # what a rubric version is made of
 

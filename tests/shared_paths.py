@@ -11,4 +11,4 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DIR = Path(os.environ.get("TROVE_SHARED_DIR") or REPO.parent / "shared")
-FIXTURES_DIR = Path(os.environ.get("TROVE_FIXTURES_DIR") or SHARED_DIR / "fixtures" / "trajectories")
+FIXTURES_DIR = SHARED_DIR / "fixtures" / "trajectories"
