@@ -9,7 +9,7 @@ from django.db import connection
 from experience.models import Step, Trajectory
 from experience.records import StepRecord
 from experience.search import filters_from_params, trajectory_search
-from experience.search_hits import fts5_query, search_hits
+from experience.search_hits import fts5_query, search_hits, tsquery_sql
 from experience.services.ingest import steps_append
 from experience.services.search_index import search_index_all
 from tests.experience.services.store_factories import RunFactory, StepFactory, stored
@@ -125,3 +125,15 @@ def _index_rows(q: str) -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM experience_step_fts WHERE experience_step_fts MATCH %s", [fts5_query(q)])
         return cursor.fetchone()[0]
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="Postgres's GIN index")
+def test_the_grammar_built_tsquery_still_uses_the_gin_index(three_runs):
+    search_index_all()
+    query, params = tsquery_sql('"no module" or flame* yaml')
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(f"EXPLAIN SELECT trajectory_id FROM experience_stepsearch WHERE document @@ ({query})", params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+
+    assert "stepsearch_document_gin" in plan
