@@ -21,6 +21,7 @@ from tests.redis_keys import (
     forget_queue,
     forget_stream,
     leftover_keys,
+    queue_lists,
     remove_leftovers,
     unique_queue,
 )
@@ -59,9 +60,7 @@ class RunRedis:
         # Sent by a test to no worker (an API call that enqueues a rollout, say): they name rows of the test
         # database, which is emptied after each test, so they go with it. Only the message lists: the queue's
         # binding table stays until the end of the run.
-        lists = [k for k in self.client.scan_iter(match=f"{self.default_queue}*") if not k.startswith(b"_kombu")]
-        if lists:
-            self.client.delete(*lists)
+        self.client.delete(*queue_lists(self.default_queue))
 
 
 @pytest.fixture(scope="session")

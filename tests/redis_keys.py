@@ -32,6 +32,12 @@ def unique_stream(kind: str) -> str:
     return f"{STREAM_PREFIX}{kind}:{uuid.uuid4().hex}"
 
 
+def queue_lists(queue: str) -> list[str]:
+    """The Redis lists kombu keeps `queue`'s messages in: one per priority step (kombu's default steps and
+    separator, `Channel.priority_steps` and `sep`)."""
+    return [queue] + [f"{queue}\x06\x16{step}" for step in (3, 6, 9)]
+
+
 def proxy_stream_keys(stream: str) -> list[str]:
     """The keys the proxy's ingest makes for `stream` (webapp/proxy: the stream, its dead letter, its lock)."""
     return [stream, f"{stream}:dead", f"{stream}:ingest-lock"]

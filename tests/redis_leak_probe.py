@@ -18,7 +18,12 @@ def test_it_leaves_a_record_in_the_proxys_dead_letter(run_redis):
     run_redis.client.xadd(f"{run_redis.proxy_stream}:dead", {"reason": "probe_reason", "error": "set aside by the probe"})
 
 
-def test_it_sends_a_message_to_no_queue_of_its_own():
+def test_it_sends_a_message_to_no_queue_of_its_own(run_redis):
     from webapp.celery import app
 
-    app.send_task("trove.probe.nothing", kwargs={"n": 1})  # to the run's default queue; dropped after the test
+    app.send_task("trove.probe.nothing", kwargs={"n": 1})
+    assert run_redis.client.llen(run_redis.default_queue) == 1, "it went to the run's default queue"
+
+
+def test_the_message_is_gone_in_the_next_test(run_redis):
+    assert run_redis.client.llen(run_redis.default_queue) == 0
