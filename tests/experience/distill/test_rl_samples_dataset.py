@@ -80,6 +80,7 @@ def test_the_rl_kind_writes_each_sample_with_its_group_keys_reward_and_split(tok
         trajectory = stored[(row["task_key"], row["rollout_sample_index"])]
         assert row["trajectory_id"] == str(trajectory.pk) and row["job_id"] == 7 and row["sample_index"] == 0
         assert row["exact"] is True and row["fork_cause"] is None
+        assert row["policy_version"] == server.policy_version  # the weights the server said made the calls
         assert row["reward"] == float(row["rollout_sample_index"] % 2)
         assert len(row["token_ids"]) == len(row["loss_mask"]) == len(row["logprobs"])
         generated = [lp for lp, m in zip(row["logprobs"], row["loss_mask"], strict=True) if m]
