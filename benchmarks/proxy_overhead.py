@@ -596,14 +596,17 @@ def _phase_load(phase: str, requests: int, rounds: int, protocol: str = "chat", 
 
 def _measure(
     urls: dict[str, str | list[str]], requests: int, rounds: int, cpu_pids: dict[str, list[int]],
-    protocol: str = "chat", stream: bool = False,
+    protocol: str = "chat", stream: bool = False, recording: _Recording | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The unloaded phase alternates between direct and one proxy at a time, one request each, so a proxy's
     samples and its baseline's are taken under the same conditions. The loaded phases run in `rounds` rounds, the targets taking
     turns within a round; latencies are pooled over the rounds, throughput is the median round's.
     A target given as a list of URLs (one per rollout token) gets one per connection. The CPU time the
     target's own processes (`cpu_pids`) spend in the plain load phase is divided by its calls: unlike
-    latency, that figure hardly moves with a noisy neighbour on a shared machine."""
+    latency, that figure hardly moves with a noisy neighbour on a shared machine.
+
+    `recording` (the database sinks): the CPU that storing Trove's load-phase calls costs (the ingest,
+    Postgres, Redis), from a drained start to the moment the round's last call is stored."""
     for url in urls.values():  # pools, caches, lazy imports
         _load(url, requests=WARMUP_REQUESTS, concurrency=CONCURRENCY, per_worker=isinstance(url, list),
               protocol=protocol, stream=stream)
@@ -617,18 +620,32 @@ def _measure(
         results.setdefault("direct", {"unloaded": _without_samples(pair[firsts["direct"]])})
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {name: {p: [] for p in LOADED_PHASES} for name in urls}
     cpu_s = dict.fromkeys(urls, 0.0)
+    trove_sent = WARMUP_REQUESTS + results["trove"]["unloaded"]["sent"]
+    recording_s = 0.0
     for phase in LOADED_PHASES:
         for _ in range(rounds):
             for name, url in urls.items():
+                measured_recording = recording is not None and name == "trove" and phase == "load"
+                if measured_recording:
+                    recording.drain(trove_sent)
+                    recording_before = recording.cpu()
                 before = _cpu_seconds(cpu_pids[name])
                 runs[name][phase].append(
                     _load(url, **_phase_load(phase, requests, rounds, protocol, stream),
                           per_worker=isinstance(url, list)))
                 if phase == "load":
                     cpu_s[name] += _cpu_seconds(cpu_pids[name]) - before
+                if name == "trove":
+                    trove_sent += runs[name][phase][-1]["sent"]
+                if measured_recording:
+                    recording.drain(trove_sent)
+                    recording_s += recording.cpu() - recording_before
     for name in urls:
         results[name].update({phase: _pooled(runs[name][phase]) for phase in LOADED_PHASES})
         results[name]["load"]["cpu_ms_per_call"] = round(1000 * cpu_s[name] / results[name]["load"]["sent"], 3)
+    if recording is not None:
+        results["trove"]["load"]["recording_cpu_ms_per_call"] = round(
+            1000 * recording_s / results["trove"]["load"]["sent"], 3)
     return results
 
 
@@ -787,11 +804,16 @@ class _BackendCpu:
         self._conn = psycopg.connect(dbname=settings["NAME"], user=settings["USER"], password=settings["PASSWORD"] or None,
                                      host=settings["HOST"] or None, port=settings["PORT"] or None, autocommit=True)
         self._cpu: dict[int, float] = {}
+        self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _sample(self) -> None:
+        with self._lock:
+            self._sample_now()
+
+    def _sample_now(self) -> None:
         rows = self._conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
                                   "AND pid <> pg_backend_pid()").fetchall()
         for (pid,) in rows:
@@ -805,6 +827,10 @@ class _BackendCpu:
         while not self._done.wait(0.2):
             self._sample()
 
+    def total(self) -> float:
+        self._sample()
+        return sum(self._cpu.values())
+
     def stop(self) -> float:
         if not self._done.is_set():
             self._done.set()
@@ -814,12 +840,30 @@ class _BackendCpu:
         return sum(self._cpu.values())
 
 
+class _Recording:
+    """What storing Trove's calls costs, measured around its load rounds: the CPU of the ingest process (if
+    any), the database backends and the private Redis (if any); `drain(n)` waits until n calls are stored."""
+
+    def __init__(self, backends: _BackendCpu, pids: list[int], job_id: int) -> None:
+        self._backends, self._pids, self._job_id = backends, pids, job_id
+
+    def cpu(self) -> float:
+        return self._backends.total() + _cpu_seconds(self._pids)
+
+    def drain(self, sent: int, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while count_bench_records(self._job_id) < sent:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{sent} calls sent, {count_bench_records(self._job_id)} stored after {timeout}s")
+            time.sleep(0.2)
+
+
 def _total_cpu(keys: dict[str, Any]) -> dict[str, Any]:
-    """Trove's CPU per call: its proxy's, and that of the recording it causes (the ingest, Postgres, Redis)."""
-    parts = ("trove_cpu_ms_per_call", "ingest_cpu_ms_per_call", "postgres_cpu_ms_per_call", "redis_cpu_ms_per_call")
+    """Trove's CPU per call in the load phase: its proxy's, and that of storing the calls (the ingest,
+    Postgres, Redis) measured around the same rounds."""
     if keys.get("trove_cpu_ms_per_call") is None:
         return {}
-    total = round(sum(keys.get(part) or 0.0 for part in parts), 3)
+    total = round(keys["trove_cpu_ms_per_call"] + (keys.get("recording_cpu_ms_per_call") or 0.0), 3)
     out: dict[str, Any] = {"trove_total_cpu_ms_per_call": total}
     if keys.get("litellm_cpu_ms_per_call"):
         out["trove_total_over_litellm_cpu"] = round(total / keys["litellm_cpu_ms_per_call"], 3)
@@ -889,7 +933,12 @@ def orchestrate(requests: int, sink_kind: str, skip_litellm: bool, rounds: int, 
         cpu_pids = {"direct": [processes[0].pid], "trove": [processes[1].pid]}
         if litellm_url:
             cpu_pids["litellm"] = [processes[-1].pid]
-        results: dict[str, Any] = _measure(urls, requests, rounds, cpu_pids, protocol, stream)
+        recording = None
+        if backends is not None and bench is not None:
+            extra = [processes[2].pid] if sink_kind == "stream" else []
+            extra += [redis_process.pid] if redis_process is not None else []
+            recording = _Recording(backends, extra, bench["job_id"])
+        results: dict[str, Any] = _measure(urls, requests, rounds, cpu_pids, protocol, stream, recording)
         expected = _sent(results["trove"])
         measured = time.monotonic()
         recorded_fraction = round(_recorded(trove_url, expected, bench) / expected, 4)
@@ -908,6 +957,7 @@ def orchestrate(requests: int, sink_kind: str, skip_litellm: bool, rounds: int, 
             keys["redis_cpu_ms_per_call"] = round(1000 * _cpu_seconds([redis_process.pid]) / expected, 3)
         if backends is not None:  # the database work of the token checks and of storing the records
             keys["postgres_cpu_ms_per_call"] = round(1000 * backends.stop() / expected, 3)
+        keys["recording_cpu_ms_per_call"] = results["trove"]["load"].get("recording_cpu_ms_per_call")
         keys.update(_total_cpu(keys), protocol=protocol, stream=stream)
         keys["failed_calls"] = {name: sum(sum(figures["failures"].values()) for figures in phases.values())
                                 for name, phases in results.items()}
