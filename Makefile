@@ -19,7 +19,7 @@ EMBEDDED_TESTS ?= tests/integration/test_embedded.py tests/integration/test_demo
   --ignore=tests/experience/services/test_ingest_context_delta.py \
   --ignore=tests/webapp/api/test_jobs_live_page.py \
   --deselect=tests/experience/services/test_ingest_live.py::test_an_append_in_time_order_is_four_queries_at_most \
-  -k "not enqueued and not api_key_itself and not spec_form_builds and not lists_versions_and_builds and not returns_202"
+  -k "not enqueued and not api_key_itself and not spec_form_builds and not lists_versions_and_builds and not returns_202 and not planners_estimate"
 
 .PHONY: demo test test-embedded lint typecheck system-deps bench serve
 

@@ -58,7 +58,13 @@ def _lean_calls(ids: list[int]) -> dict[int, list[ModelCall]]:
     """The runs' model calls from their payloads alone (no messages; error calls left out, as
     `model_calls` does)."""
     calls: dict[int, list[ModelCall]] = {run_id: [] for run_id in ids}
-    with connection.cursor() as cursor:
+    if connection.vendor != "postgresql":  # the embedded store: no ANY() or ::text; its JSON is small
+        rows = Step.objects.filter(trajectory_id__in=ids, kind=Step.Kind.MODEL_CALL, is_error=False).order_by(
+            "trajectory_id", "seq").values_list("trajectory_id", "seq", "payload")
+        for run_id, seq, payload in rows:
+            calls[run_id].append(call_of_payload(payload or {}, seq=seq))
+        return calls
+    with connection.cursor() as cursor:  # payload as text, parsed by orjson: far faster than psycopg's json
         cursor.execute(_PAYLOADS_SQL, [ids])
         for run_id, seq, text in cursor.fetchall():
             calls[run_id].append(call_of_payload(orjson.loads(text) if text else {}, seq=seq))
