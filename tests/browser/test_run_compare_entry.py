@@ -4,6 +4,7 @@ run of the task), and two ids in the URL (tests/browser/test_run_page.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -14,6 +15,7 @@ from tests.experience.importers.fixture_files import DEMOS
 from tests.experience.services.test_dedup import MARSHMALLOW, imported
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+SHOTS = Path("/tmp/trove-run-page-shots")
 
 
 @pytest.fixture(autouse=True)
@@ -39,12 +41,14 @@ def _compared(page) -> tuple[int, int]:
 def test_the_explorer_compares_the_two_checked_runs(logged_in_page, live_server, marshmallow):
     page = logged_in_page
     page.goto(f"{live_server.url}/trajectories/")
+    SHOTS.mkdir(exist_ok=True)
     first, second = marshmallow[1], marshmallow[4]
     page.locator(f'#trajectories input[name="checked"][value="{first}"]').check()
     page.locator("#compare-checked-button").click()
     assert page.locator("#compare-checked-note").inner_text() == "Check exactly two runs to compare them (1 checked)."
     assert "/trajectories/compare/" not in page.url
     page.locator(f'#trajectories input[name="checked"][value="{second}"]').check()
+    page.locator("#trajectories").screenshot(path=str(SHOTS / "explorer-checked.png"))
     page.locator("#compare-checked-button").click()
     assert set(_compared(page)) == {first, second}
     shown = {page.locator("#outcome-a a").inner_text(), page.locator("#outcome-b a").inner_text()}
@@ -81,3 +85,28 @@ def test_a_run_alone_in_its_task_is_told_there_is_no_similar_run(logged_in_page,
     assert response.status == 404
     assert f"No other run of task {task} is in the similarity index yet" in page.locator(".compare-form").inner_text()
     assert page.locator(".compare-form input[name=a]").input_value() == str(lonely)
+
+
+def test_the_compare_page_and_its_entry_points_fit_a_390_px_screen(browser, live_server, django_user_model, marshmallow):
+    from webapp.access.roles import role_groups_sync
+
+    user = django_user_model.objects.create_user(username="phone", password="s3cret-pass-123")
+    user.groups.add(*role_groups_sync().values())
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    page = context.new_page()
+    page.goto(f"{live_server.url}/accounts/login/")
+    page.fill("input[name=username]", "phone")
+    page.fill("input[name=password]", "s3cret-pass-123")
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{live_server.url}/")
+    page.goto(f"{live_server.url}/trajectories/{marshmallow[0]}/")
+    page.locator("#compare-similar").scroll_into_view_if_needed()
+    assert page.locator("#compare-similar").is_visible()
+    page.locator("#compare-with").screenshot(path=str(SHOTS / "compare-with-390.png"))
+    page.locator("#compare-similar").click()
+    page.wait_for_selector("#divergence")
+    overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    page.screenshot(path=str(SHOTS / "compare-390.png"), full_page=False)
+    assert overflow <= 1
+    assert page.locator("#divergence").is_visible() and page.locator("#outcome-a").is_visible()
+    context.close()

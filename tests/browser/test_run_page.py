@@ -14,6 +14,7 @@ from experience.records import MessageRecord, StepRecord, TrajectoryRecord
 from experience.services.importing import trajectories_import_file
 from experience.services.ingest import trajectory_ingest
 from experience.services.stored import stored_step_records
+from experience.steps import CONTEXT
 from tests.experience.importers.fixture_files import BROWSER, DEMOS, MULTI_SWE, TAU_BENCH
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -140,6 +141,36 @@ def test_the_context_lens_shows_exactly_what_is_new_and_says_when_history_was_re
     assert "+Reminder: run the tests." in page.locator("#step-6 .rewrite pre").inner_text()
     # No context is in the page until a call is opened.
     assert "You are a coding agent." not in page.evaluate("document.getElementById('run-config').textContent")
+
+
+_OFFSET_IN_VIEWPORT = """(seq) => document.getElementById('step-' + seq).getBoundingClientRect().top
+    - document.getElementById('viewport').getBoundingClientRect().top"""
+
+
+@pytest.mark.parametrize(("path", "source_format"), [(BROWSER, "inspect-eval"), (sorted(DEMOS.glob("replay__*/*.traj"))[0], "swe-agent-traj")])
+def test_the_context_lens_of_a_real_run_matches_its_stored_contexts(logged_in_page, live_server, path, source_format):
+    """On imported runs: where a call's context extends the previous one, the lens shows exactly the messages
+    after it and no rewrite; where it does not (SWE-agent folds old observations), the lens says so."""
+    run = _import(path, source_format)[0]
+    rows = list(Step.objects.filter(trajectory=run, kind="model_call", blob_refs__has_key=CONTEXT).order_by("seq"))[:5]
+    assert len(rows) >= 3, "the fixture run has model calls with stored contexts"
+    contexts = [[m.content for m in r.request_messages] for r in stored_step_records(rows)]
+    page = logged_in_page
+    _open(page, live_server, run.pk)
+    for before, after, row in zip(contexts, contexts[1:], rows[1:], strict=False):
+        page.evaluate(f"trovePage.jumpToSeq({row.seq})")
+        step = page.locator(f"#step-{row.seq}")
+        step.locator("details.context > summary").click()
+        step.locator(".lens .lens-new-head").wait_for()
+        # Opening a lens keeps its step where it was in the viewport: the list must not jump.
+        assert abs(page.evaluate(_OFFSET_IN_VIEWPORT, row.seq) - 8) < 3
+        shown = step.locator(".lens .msg.new > pre").all_inner_texts()
+        if after[: len(before)] == before:
+            assert step.locator(".rewrite").count() == 0
+            assert shown == [text for text in after[len(before):] if text]
+        else:
+            assert step.locator(".rewrite").count() >= 1
+            assert "History rewritten" in step.locator(".rewrite strong").first.inner_text()
 
 
 def test_the_context_lens_counts_tokens_per_message_where_the_records_allow(logged_in_page, live_server):

@@ -309,7 +309,12 @@
     let below = 0; for (let c = last + 1, n = chunkCount(); c < n; c++) below += chunkHeight(c);
     spacerBottom.style.height = below + "px";
   }
-  function remeasure() { state.heights = state.heights.slice(); for (const c of state.rendered.keys()) state.heights[c] = null; schedule(); }
+  // A rendered chunk changed size (a lens or an output opened, the window resized): measure it now. Forgetting
+  // its height instead let the next render place the viewport by estimates and drop the very chunk in view.
+  function remeasure() {
+    for (const [c, el] of state.rendered) if (!el.querySelector(".loading")) state.heights[c] = el.offsetHeight;
+    schedule();
+  }
   function resetList() {
     for (const el of state.rendered.values()) el.remove();
     state.rendered.clear(); state.heights = new Array(chunkCount()).fill(null);
