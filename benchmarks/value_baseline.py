@@ -6,8 +6,11 @@ beat, the offline demo model), then `job_create` with `--samples` runs per task 
 model is a scripted stand-in for a real model server; its runs succeed or fail by what they did (a decoy
 edit, giving up, wandering), and the task's hidden tests decide the reward: the agent only ever runs the
 visible ones, and some decoys pass those, so an agent's own passing run does not imply the reward. The job
-goes into its own database (`--database-url`, created if missing); `--reuse` keeps the runs already there
-(at least `--samples` x 14 are needed).
+goes into its own database (`--database-url`, created if missing); a store that already holds `--samples` x 14
+demo runs is measured as it is (`--fresh` runs a new job anyway, adding to it). Most of a first run's time is
+MiniLM embedding the decisions' texts once (later folds reuse the vectors); the vectors are kept in
+var/bench-cache/value-embeddings.npz, so a later run on the same store embeds nothing again
+(`--no-embedding-cache` leaves the file alone).
 
 With only 14 tasks a single split puts two or three tasks in val and in test, so the measurement is
 repeated over `--folds` split seeds (each a different assignment of whole tasks to train / val / test,
@@ -23,16 +26,16 @@ decision of a test-task run against its outcome; mean over folds whose test task
 error per decision, 10 bins; weighted by decisions over folds), `heldout_bestofN_random` / `_reranked` /
 `_oracle` for N = 2, 4, 8 (success rate of picking one of N runs of a test task: at random, the model's
 top pick, any of the N solved it; averaged over every test task of every fold), and `auc_val`. Then the
-imported real runs (the SWE-agent fixtures, `TROVE_FIXTURES_DIR` or ../shared): how many carry an outcome
-label, and the same figures over those, scored by the last fold's models (null when the labels do not
-hold both outcomes). Target: learned best-of-4 at least 5 points above random. The last line is one JSON
+imported real runs (the shared fixtures under ../shared or TROVE_SHARED_DIR, and the importer samples that are
+real runs): how many carry an outcome label, and the same figures over those, scored by the last fold's
+models, with a bootstrap 95 % interval of the run AUC (null when the labels do not hold both outcomes). Target: learned best-of-4 at least 5 points above random. The last line is one JSON
 object.
 
 `--drop-eval-steps` deletes the demo runs' evaluation steps from the store before measuring (their outcome
 stays on the run): the leak check on real runs. Every figure must come out as without it. It changes the
 store for good, so point `--database-url` at a copy (`CREATE DATABASE … TEMPLATE …`).
 
-    .venv/bin/python benchmarks/value_baseline.py [--samples 15] [--folds 8] [--reuse] [--drop-eval-steps]
+    .venv/bin/python benchmarks/value_baseline.py [--samples 15] [--folds 8] [--fresh] [--drop-eval-steps]
 """
 
 from __future__ import annotations
@@ -159,40 +162,91 @@ def model_summary(folds: list[dict[str, Any]], model: str, prefix: str) -> dict[
     return {prefix + key: value for key, value in summary.items()}
 
 
-def real_runs(version, models: tuple[str, ...], trials: int) -> dict[str, Any]:
-    """The SWE-agent fixture runs, imported with the project's importer, scored by the models trained on
-    the last fold (trained on demo runs only, so every real run is held out)."""
-    from experience.distill import baseline
-    from experience.distill.source import run_success
-    from experience.importers.swe_agent import parse
-    from experience.services.value_baseline import value_model_train
+# The importer samples that are real runs (tests/experience/importers/samples/README.md marks each file real or
+# built); every file of the shared fixtures is real.
+SAMPLES_DIR = REPO / "tests" / "experience" / "importers" / "samples"
+REAL_SAMPLES = ("tau-bench", "swe-agent-rows/adp-sample-raw.json", "harbor/2026-02-09__00-15-22",
+                "codex/rollout-2025-12-28T12-18-30-019b64e5-57fa-7463-b644-fba7e456f905.jsonl",
+                "claude-code/claude-code-log", "atif/harbor_multiagent_v1_7.json")
+BOOTSTRAP = 2000
+
+
+def real_records() -> list:
+    """Every real run the importers read from the shared fixtures and the real importer samples, once each
+    (a Harbor trial's result.json and its agent's trajectory are one run: the same source_ref)."""
+    from experience.importers import TrajectoryImportError, iter_records
     from tests.shared_paths import FIXTURES_DIR
 
-    records = [record for path in sorted((FIXTURES_DIR / "swe-agent").rglob("*.traj")) for record in parse(path)]
-    labelled = [record for record in records if run_success(record) is not None]
-    outcomes = {bool(run_success(record)) for record in labelled}
-    figures: dict[str, Any] = {"real_runs": len(records), "real_labelled_runs": len(labelled),
-                               "real_successes": sum(bool(run_success(r)) for r in labelled)}  # fmt: skip
+    paths = sorted(p for p in FIXTURES_DIR.rglob("*") if p.is_file() and p.suffix != ".md")
+    for sample in REAL_SAMPLES:
+        root = SAMPLES_DIR / sample
+        paths += [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    records: dict[str, Any] = {}
+    for path in paths:
+        try:
+            for record in iter_records(path):
+                records.setdefault(record.source_ref, record)
+        except TrajectoryImportError:
+            continue  # not a run (a predictions file, a config, a reward file beside its trial)
+    return list(records.values())
+
+
+def bootstrap_interval(scores: list[float], labels: list[bool], seed: int = 0) -> list[float] | None:
+    """A 95 % percentile interval of the run AUC, resampling runs (few runs: the interval says how little
+    the figure is worth); None when no resample holds both outcomes."""
+    import numpy as np
+    from sklearn.metrics import roc_auc_score
+
+    rng, aucs = np.random.default_rng(seed), []
+    y, x = np.array(labels), np.array(scores)
+    for _ in range(BOOTSTRAP):
+        pick = rng.integers(0, len(y), len(y))
+        if 0 < y[pick].sum() < len(pick):
+            aucs.append(roc_auc_score(y[pick], x[pick]))
+    return [round(float(np.percentile(aucs, 2.5)), 3), round(float(np.percentile(aucs, 97.5)), 3)] if aucs else None
+
+
+def real_runs(version, models: tuple[str, ...], trials: int) -> dict[str, Any]:
+    """The imported real runs that carry an outcome (SWE-agent and OpenHands fixtures, Inspect logs, a
+    Harbor trial, a tau-bench trajectory, a nebius SWE-agent row), scored by the models trained on the last
+    fold: trained on demo runs only, so every real run is held out, and of other agents on other tasks."""
+    from experience.distill import baseline
+    from experience.distill.source import run_success
+    from experience.services.value_baseline import value_model_train
+
+    records = real_records()
+    labelled = [record for record in records if run_success(record) is not None and record.steps]
+    labels = [bool(run_success(record)) for record in labelled]
+    figures: dict[str, Any] = {
+        "real_runs": len(records), "real_labelled_runs": len(labelled), "real_successes": sum(labels),
+        "real_formats": sorted({record.source_format for record in labelled}),
+    }
     for model_name in models:
         prefix = "real_" if model_name == "baseline" else f"real_{model_name}_"
-        if len(outcomes) < 2:
-            figures |= {f"{prefix}auc": None, f"{prefix}ece": None, f"{prefix}bestof4_reranked": None}
+        if len(set(labels)) < 2:
+            figures |= {f"{prefix}auc": None, f"{prefix}run_auc": None, f"{prefix}ece": None}
             continue
         model, _name = value_model_train(version=version, model=model_name, seed=version.metrics.get("seed", 0))
-        values, labels, by_task = [], [], {}
-        for record in labelled:
+        values, outcomes, run_scores, by_task = [], [], [], {}
+        for record, label in zip(labelled, labels, strict=True):
             scores = baseline.score_steps(model, record)
             steps = [value for value in scores if value is not None]
             values += steps
-            labels += [bool(run_success(record))] * len(steps)
-            by_task.setdefault(record.task_key, []).append((bool(run_success(record)), baseline.aggregate_scores(scores)))
-        ranked = baseline.ranking_metrics(values, labels)
+            outcomes += [label] * len(steps)
+            run_scores.append(baseline.aggregate_scores(scores))
+            by_task.setdefault(record.task_key, []).append((label, run_scores[-1]))
+        ranked = baseline.ranking_metrics(values, outcomes)
+        per_run = baseline.ranking_metrics(run_scores, labels)
         four = baseline.best_of_n_scored(by_task, 4, trials, 0)
         figures |= {f"{prefix}auc": rounded(ranked["auc"]), f"{prefix}ece": rounded(ranked["ece"]),
-                    f"{prefix}bestof4_random": four["random"], f"{prefix}bestof4_reranked": four["reranked"],
-                    f"{prefix}bestof4_oracle": four["oracle"]}  # fmt: skip
-    if len(outcomes) < 2:
-        figures["real_note"] = "the fixture runs carry no outcome label (SOURCES.md: no resolved label): nothing to measure"
+                    f"{prefix}run_auc": rounded(per_run["auc"]),
+                    f"{prefix}run_auc_95ci": bootstrap_interval(run_scores, labels),
+                    f"{prefix}bestof4_tasks": four["tasks"], f"{prefix}bestof4_random": rounded(four["random"]),
+                    f"{prefix}bestof4_reranked": rounded(four["reranked"]),
+                    f"{prefix}bestof4_oracle": rounded(four["oracle"])}  # fmt: skip
+    figures["real_note"] = (f"{len(labelled)} labelled real runs ({sum(labels)} successes) from "
+                            f"{len(figures['real_formats'])} formats, of different agents on different tasks: "
+                            "far too few for a firm figure (see the run AUC's 95 % interval)")
     return figures
 
 
@@ -204,7 +258,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--folds", type=int, default=8)
     parser.add_argument("--trials", type=int, default=200)
-    parser.add_argument("--reuse", action="store_true", help="use the demo runs already in the database")
+    parser.add_argument("--fresh", action="store_true", help="run a new demo job even if the store has enough runs")
+    parser.add_argument("--reuse", action="store_true", help=argparse.SUPPRESS)  # the default now; kept for old commands
+    parser.add_argument("--no-embedding-cache", action="store_true", help="neither read nor write the kept vectors")
     parser.add_argument("--baseline-only", action="store_true", help="leave the learned model out")
     parser.add_argument("--drop-eval-steps", action="store_true",
                         help="delete the demo runs' evaluation steps first (the leak check; alters the store)")
@@ -219,7 +275,7 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     settings.TROVE_DATASET_DIR = Path(settings.VAR_DIR) / "bench-datasets"
     runs, _rate = demo_runs()
-    if not args.reuse or runs < args.samples * DEMO_TASKS:
+    if args.fresh or runs < args.samples * DEMO_TASKS:
         log(f"running a demo job: 14 tasks x {args.samples} samples (the store has {runs} demo runs)")
         started = time.monotonic()
         run_demo_job(args.samples, args.max_steps, args.concurrency)
@@ -229,6 +285,11 @@ def main() -> None:
     runs, success_rate = demo_runs()
     log(f"store: {runs} demo runs with an outcome, success rate {success_rate:.2f}")
     models = ("baseline", "learned") if not args.baseline_only else ("baseline",)
+    vectors = Path(settings.VAR_DIR) / "bench-cache" / "value-embeddings.npz"
+    if "learned" in models and not args.no_embedding_cache:
+        from experience.distill.learned_value import default_embedder
+
+        log(f"embedding cache: {default_embedder().load(vectors)} vectors kept from earlier runs ({vectors})")
     folds = []
     for seed in range(args.folds):
         result = fold(seed, args.trials, models)
@@ -243,6 +304,10 @@ def main() -> None:
     if "learned" in models:
         summary |= model_summary(folds, "learned", "learned_")
     summary |= real_runs(folds[-1]["version"], models, args.trials)
+    if "learned" in models and not args.no_embedding_cache:
+        from experience.distill.learned_value import default_embedder
+
+        default_embedder().save(vectors)
     print(json.dumps(summary))
 
 

@@ -26,6 +26,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -92,6 +93,28 @@ class CachedEmbedder:
         if not keys:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([found[key] for key in keys]).astype(np.float32, copy=False)
+
+    def save(self, path: Path) -> None:
+        """Write the kept vectors to `path` (.npz), so another process embedding the same texts with the same
+        encoder need not embed them again (the encoder is frozen and deterministic on CPU)."""
+        with self._lock:
+            keys, vectors = list(self._vectors), list(self._vectors.values())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        digests = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(-1, 32)  # raw: "S32" would drop trailing NULs
+        np.savez(path, keys=digests, vectors=np.stack(vectors) if vectors else np.zeros((0, self.dim), dtype=np.float32),
+                 encoder=np.array(f"{self.name}:{self.version}"))
+
+    def load(self, path: Path) -> int:
+        """Keep the vectors `save` wrote, if they are this encoder's; returns how many were loaded."""
+        if not path.exists():
+            return 0
+        with np.load(path) as saved:
+            if str(saved["encoder"]) != f"{self.name}:{self.version}" or saved["vectors"].shape[1:] != (self.dim,):
+                return 0
+            with self._lock:
+                for key, vector in zip(saved["keys"], saved["vectors"], strict=True):
+                    self._vectors[bytes(key)] = vector
+            return len(saved["keys"])
 
 
 _DEFAULT: CachedEmbedder | None = None

@@ -5,6 +5,8 @@ SWE-agent fixture runs, imported with the project's importer; they carry no reso
 alternating outcomes (as in test_distill_real_runs.py): enough to show the head fits real contexts.
 """
 
+import hashlib
+
 import numpy as np
 import pytest
 from distill_factories import SWE_AGENT_FIXTURES
@@ -94,6 +96,33 @@ def test_the_embedding_cache_returns_what_the_embedder_gives_and_embeds_each_tex
     assert first.tolist() == [[1, 1, 0], [2, 1, 0], [1, 1, 0]] and second.tolist() == [[2, 1, 0], [3, 1, 0]]
     assert calls == [["a", "bb"], ["ccc"]]
     assert cache.embed(["a"]).tolist() == [[1, 1, 0]] and calls[-1] == ["a"], "past the limit, dropped"
+
+
+def test_saved_embeddings_are_loaded_by_another_cache_of_the_same_encoder_only(tmp_path):
+    calls: list[list[str]] = []
+
+    class Counting:
+        name, dim = "counting", 3
+
+        def __init__(self, version="1"):
+            self.version = version
+
+        def embed(self, texts):
+            calls.append(list(texts))
+            return np.array([[len(text), 1.0, 0.0] for text in texts], dtype=np.float32)
+
+    texts = [f"text {i}" for i in range(1000)] + ["text 1"]
+    assert any(hashlib.sha256(text.encode()).digest().endswith(b"\0") for text in texts), "a digest ending in NUL"
+    first = learned_value.CachedEmbedder(Counting())
+    expected = first.embed(texts)
+    first.save(tmp_path / "vectors.npz")
+    calls.clear()
+
+    again = learned_value.CachedEmbedder(Counting())
+    assert again.load(tmp_path / "vectors.npz") == len(set(texts))
+    assert again.embed(texts).tolist() == expected.tolist() and calls == [], "nothing embedded again"
+    other = learned_value.CachedEmbedder(Counting(version="2"))
+    assert other.load(tmp_path / "vectors.npz") == 0 and other.load(tmp_path / "missing.npz") == 0
 
 
 def test_training_needs_both_outcomes():
