@@ -1,8 +1,10 @@
 """Importing trajectory files (any format experience.importers reads) into the store.
 
-Per file, all or nothing: the file's runs are written in one transaction, so a fault anywhere in it (a
-truncated last line, a run missing a field, a run over the store's limits) leaves nothing of that file
-behind, and the report says what was wrong and where. The original file is kept as a blob
+Per file, all or nothing: the file's runs are written in one transaction (a savepoint, when the files of a
+directory share a commit: FILES_PER_COMMIT of them, so a directory of small files, a session or a trial each,
+does not pay a commit's flush per file), so a fault anywhere in it (a truncated last line, a run missing a
+field, a run over the store's limits) leaves nothing of that file behind, and the report says what was wrong
+and where. The original file is kept as a blob
 (Trajectory.original_blob on every run read from it), and its format and version are recorded on each run.
 Every run imported has source `import`: a file cannot claim a run was a Trove rollout (a Trove export of
 rollouts keeps the claim in metadata["claimed_source"], see experience.services.provenance).
@@ -45,6 +47,7 @@ from experience.services.outcome_labels import trajectories_label_from_report
 from experience.services.provenance import as_import
 
 BATCH = 200  # runs per ingest call: bounds memory on a file of 10,000 runs
+FILES_PER_COMMIT = 50  # files of a directory imported under one commit (each still all or nothing)
 ORIGINAL_MAX_BYTES = 256 * 1024 * 1024  # larger files are imported without keeping the original
 
 IMPORTED, PRESENT, INVALID, UNRECOGNISED = "imported", "present", "invalid", "unrecognised"
@@ -352,12 +355,17 @@ def trajectories_import_path(
     if not root.exists():
         report.files.append(FileReport(path=str(root), status=INVALID, error=f"{root}: no such file or directory"))
         return report
-    for file, name in trajectory_files(root):
-        item = trajectories_import_file(path=file, format=format, name=name, on_runs=on_runs,
-                                        success_threshold=success_threshold, replace=replace)
-        report.files.append(item)
-        if on_file:
-            on_file(item)
+    files = trajectory_files(root)
+    for start in range(0, len(files), FILES_PER_COMMIT):
+        # Many small files (a session or a trial each) share a commit: each file is still all or nothing
+        # (its own transaction.atomic is a savepoint here), but the commit's flush is paid once per group.
+        with transaction.atomic():
+            for file, name in files[start:start + FILES_PER_COMMIT]:
+                item = trajectories_import_file(path=file, format=format, name=name, on_runs=on_runs,
+                                                success_threshold=success_threshold, replace=replace)
+                report.files.append(item)
+                if on_file:
+                    on_file(item)
     reports_apply(report)
     return report
 

@@ -20,12 +20,14 @@ import json
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 from tqdm import tqdm
 
 from experience.importers import REGISTRY
 from experience.services.importing import (
     CHANGED,
     DUPLICATE,
+    FILES_PER_COMMIT,
     IMPORTED,
     INVALID,
     PRESENT,
@@ -87,12 +89,14 @@ class Command(BaseCommand):
             bar.set_postfix(runs=runs, refresh=False)
 
         with bar:
-            for path, name in work:
-                bar.set_description(path.name[:40])
-                report.files.append(trajectories_import_file(
-                    path=path, format=options["format"], name=name, on_runs=counted,
-                    success_threshold=options["success_threshold"], replace=options["replace"]))
-                bar.update(1)
+            for start in range(0, len(work), FILES_PER_COMMIT):
+                with transaction.atomic():  # files share a commit, each still all or nothing (a savepoint)
+                    for path, name in work[start:start + FILES_PER_COMMIT]:
+                        bar.set_description(path.name[:40])
+                        report.files.append(trajectories_import_file(
+                            path=path, format=options["format"], name=name, on_runs=counted,
+                            success_threshold=options["success_threshold"], replace=options["replace"]))
+                        bar.update(1)
 
     def _report(self, report: ImportReport, indexed: int, as_json: bool) -> None:
         if as_json:
