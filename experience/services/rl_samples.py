@@ -29,7 +29,15 @@ from experience.distill.rl_samples import (
 from experience.models import Step, Trajectory
 from experience.records import StepRecord
 from experience.services.blobs import blob_get_many
-from experience.steps import CONTEXT, ContextMessages, referenced_hashes, step_record_from_parts
+from experience.services.stored import step_contexts
+from experience.steps import (
+    CONTEXT,
+    ContextMessages,
+    context_bases,
+    is_context_delta,
+    referenced_hashes,
+    step_record_from_parts,
+)
 
 _PAYLOADS_SQL = (
     "SELECT trajectory_id, seq, payload::text FROM experience_step"
@@ -77,9 +85,15 @@ def _full_calls(ids: list[int]) -> dict[int, list[ModelCall]]:
     compares a call's request with the sample's history by identity, in C, and the cost stays linear in the
     messages a run adds, not in the sum of its calls' contexts."""
     steps = list(Step.objects.filter(trajectory_id__in=ids, kind=Step.Kind.MODEL_CALL).order_by("trajectory_id", "seq"))
-    blobs = blob_get_many(h for step in steps for h in referenced_hashes(step.blob_refs))
-    contexts = ContextMessages(blobs).contexts({step.pk: step.blob_refs[CONTEXT] for step in steps
-                                                if CONTEXT in step.blob_refs})
+    refs_by_step = {step.pk: step.blob_refs for step in steps if CONTEXT in step.blob_refs}
+    if context_bases(refs_by_step):  # a context extends a step that is no model call: resolve them in full
+        stored: dict[int, Any] = step_contexts(steps)
+    else:
+        stored = {step_id: refs[CONTEXT] for step_id, refs in refs_by_step.items()}
+    hashes = [h for step in steps for h in referenced_hashes(step.blob_refs, context=False)]
+    hashes += [h for value in stored.values() for h in (value["append"] if is_context_delta(value) else value)]
+    blobs = blob_get_many(hashes)
+    contexts = ContextMessages(blobs).contexts(stored)
     records = [_step_record(step, blobs, contexts.get(step.pk)) for step in steps]
     by_run: dict[int, list[tuple[int, Any]]] = defaultdict(list)
     for step, record in zip(steps, records, strict=True):

@@ -116,3 +116,20 @@ def test_without_a_tokenizer_runs_without_ids_give_no_rows(tokenizer_path, setti
         stored_run(server, task, 1)
     rows = rows_of(built())
     assert len(rows) == 4 and all(row["exact"] for row in rows)
+
+
+def test_a_context_stored_as_a_delta_of_a_step_that_is_no_model_call_is_still_read_whole(tokenizer_path, settings):
+    """Contexts are stored as deltas on the run's earlier contexts; assembly reads model calls only, so a base
+    of another kind (here: the first call's row turned into a note) is fetched rather than missed."""
+    from experience.models import Step
+
+    settings.TROVE_RL_TOKENIZERS = {"local-vllm": str(tokenizer_path)}
+    rl_samples._cached_encoder.cache_clear()
+    trajectory = stored_run(TokenServer(tokenizer_path), "task-00", 0, turns=4, with_ids=False)
+    assert "extends" in Step.objects.get(trajectory=trajectory, seq=1).blob_refs["request_messages"]
+    Step.objects.filter(trajectory=trajectory, seq=0).update(kind="note")
+
+    assembly = run_samples(trajectory_ids=[trajectory.pk])[trajectory.pk]
+
+    assert assembly.calls == 3 and len(assembly.samples) == 1 and not assembly.exact
+    assert assembly.samples[0].calls == [1, 2, 3]
