@@ -1,6 +1,7 @@
 """RL sample assembly from the store against the COPY floor of the same rows, and its cost per length.
 
     DATABASE_URL=postgres://... .venv/bin/python benchmarks/rl_samples.py [--rollouts 200] [--turns 12]
+        [--demo-job N --concurrency 2]   # with REDIS_URL: also N real rollouts against the demo model
 
 Workload: `--rollouts` runs of `--turns` model calls each, recorded through a stand-in server that returns
 prompt and completion token ids and logprobs (a real byte-level BPE `tokenizers` tokenizer over a ChatML
@@ -12,6 +13,9 @@ demo model's ids chain too: tests/integration/test_rl_samples_harnesses.py assem
 rollouts against it, one exact sample each.)
 
 Figures (the last line is one JSON object):
+- with --demo-job N: demo_job_rollouts, demo_job_samples, demo_job_samples_per_rollout,
+  demo_job_exact_fraction, demo_job_fork_causes: the same of N built-in-harness rollouts against the demo
+  model through the proxy with token capture (real sandboxes, the runner's own recording);
 - rollouts, samples, samples_per_rollout, exact_fraction: what `run_samples` assembled from the store
   (20 runs a call, as a page of GET /jobs/{id}/samples/ does);
 - assembly_tokens_per_s: the tokens the calls recorded (prompt + completion ids) per second of assembly,
@@ -46,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
 PAGE = 20
+DEMO_MODEL = "trove-demo-stand-in"
 RETOKENISED_ENDPOINT = "bench-no-ids"  # the endpoint the stored runs name; its tokenizer is the stand-in's
 
 
@@ -195,6 +200,78 @@ def _tokens(calls) -> int:
     return sum(len(call.prompt_ids) + len(call.completion_ids) for call in calls)
 
 
+def demo_job(rollouts: int, concurrency: int) -> dict:
+    """`--demo-job N`: a job of N built-in-harness rollouts over the demo tasks against the demo model, through
+    the recording proxy with the endpoint's token capture on (vLLM's fields), in local bubblewrap sandboxes,
+    run by `rollout_run` on `concurrency` threads as a Celery worker would; then its samples from the store."""
+    import shutil
+    import tempfile
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.conf import settings
+
+    from experience.services.rl_samples import run_samples
+    from webapp.rollouts.endpoints import endpoint_register
+    from webapp.rollouts.models import Rollout
+    from webapp.rollouts.services import job_create
+    from workers.demo.model import serve_in_thread
+    from workers.sandboxes.local import LocalBackend
+    from workers.sandboxes.registry import set_backend
+    from workers.seed import seed_demo_task_set, seed_local_fleet
+    from workers.stack import start_proxy
+
+    root = Path(tempfile.mkdtemp(prefix="trove-bench-rl-sbx-", dir="/tmp"))
+    root.chmod(0o711)
+    settings.TROVE_SANDBOX_ROOT = root
+    set_backend("local", LocalBackend(root=root))
+    model_url, stop_model = serve_in_thread("127.0.0.1", 0)
+    proxy, sink = start_proxy(host="127.0.0.1", port=0)
+    settings.TROVE_PROXY_PUBLIC_URL = proxy.base_url
+    try:
+        endpoint = endpoint_register(name=f"bench-rl-{uuid.uuid4().hex[:6]}", base_url=model_url.rstrip("/"),
+                                     protocol="chat", model_names=[DEMO_MODEL], allow_private_network=True,
+                                     token_capture="vllm")
+        task_set = seed_demo_task_set()
+        keys = list(task_set.tasks.order_by("key").values_list("key", flat=True))
+        job = job_create(task_set=task_set, endpoint=endpoint, model_name=DEMO_MODEL, task_keys=keys,
+                         fleet=seed_local_fleet(name=f"bench-rl-{uuid.uuid4().hex[:6]}", min_warm=0, max_warm=0,
+                                                max_total=concurrency * 2),
+                         samples_per_task=-(-rollouts // len(keys)), max_steps=15, concurrency=concurrency,
+                         enqueue=lambda rollout_id: None)
+        ids = list(job.rollouts.order_by("pk").values_list("pk", flat=True))
+        job.rollouts.filter(pk__in=ids[rollouts:]).delete()  # exactly N
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            list(pool.map(_run_rollout, ids[:rollouts]))
+        finished = Rollout.objects.filter(job=job, status__in=(Rollout.Status.SUCCEEDED, Rollout.Status.FAILED))
+        assemblies = run_samples(trajectory_ids=list(finished.values_list("trajectory_id", flat=True)))
+    finally:
+        sink.close()
+        proxy.stop()
+        stop_model()
+        shutil.rmtree(root, ignore_errors=True)
+    samples = [sample for assembly in assemblies.values() for sample in assembly.samples]
+    causes: dict[str, int] = {}
+    for assembly in assemblies.values():
+        for fork in assembly.forks:
+            causes[fork.cause] = causes.get(fork.cause, 0) + 1
+    return {"demo_job_rollouts": len(assemblies), "demo_job_samples": len(samples),
+            "demo_job_samples_per_rollout": round(len(samples) / max(1, len(assemblies)), 3),
+            "demo_job_exact_fraction": round(sum(s.exact for s in samples) / max(1, len(samples)), 3),
+            "demo_job_fork_causes": causes}
+
+
+def _run_rollout(rollout_id: int) -> None:
+    from django.db import connection
+
+    from workers.rollout_runner import rollout_run
+
+    try:
+        rollout_run(rollout_id=rollout_id, worker=f"bench-rl-{os.getpid()}")
+    finally:
+        connection.close()
+
+
 def measure(args: argparse.Namespace, folder: Path) -> dict:
     from tests.experience.distill.rl_traffic import TokenServer, train_tokenizer
 
@@ -218,6 +295,8 @@ def measure(args: argparse.Namespace, folder: Path) -> dict:
         "assembly_vs_copy": round(copy_s / assembly_s, 3),
     }
     figures.update(length_ratios(server, tokenizer_path, args.turns))
+    if args.demo_job:
+        figures.update(demo_job(args.demo_job, args.concurrency))
     return figures
 
 
@@ -225,6 +304,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rollouts", type=int, default=200)
     parser.add_argument("--turns", type=int, default=12)
+    parser.add_argument("--demo-job", type=int, default=0, metavar="N",
+                        help="also run a job of N built-in-harness rollouts against the demo model with token "
+                             "capture (needs REDIS_URL, bubblewrap) and report its samples")
+    parser.add_argument("--concurrency", type=int, default=2, help="the demo job's rollouts at a time")
     args = parser.parse_args()
     import django
 
