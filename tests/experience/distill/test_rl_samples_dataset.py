@@ -121,12 +121,15 @@ def test_without_a_tokenizer_runs_without_ids_give_no_rows(tokenizer_path, setti
 def test_a_context_stored_as_a_delta_of_a_step_that_is_no_model_call_is_still_read_whole(tokenizer_path, settings):
     """Contexts are stored as deltas on the run's earlier contexts; assembly reads model calls only, so a base
     of another kind (here: the first call's row turned into a note) is fetched rather than missed."""
+    from django.db import connection
+
     from experience.models import Step
 
     settings.TROVE_RL_TOKENIZERS = {"local-vllm": str(tokenizer_path)}
     rl_samples._cached_encoder.cache_clear()
     trajectory = stored_run(TokenServer(tokenizer_path), "task-00", 0, turns=4, with_ids=False)
-    assert "extends" in Step.objects.get(trajectory=trajectory, seq=1).blob_refs["request_messages"]
+    if connection.vendor == "postgresql":  # the embedded store keeps whole contexts: no delta to resolve there
+        assert "extends" in Step.objects.get(trajectory=trajectory, seq=1).blob_refs["request_messages"]
     Step.objects.filter(trajectory=trajectory, seq=0).update(kind="note")
 
     assembly = run_samples(trajectory_ids=[trajectory.pk])[trajectory.pk]
