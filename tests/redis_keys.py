@@ -9,6 +9,7 @@ sharing the Redis db, nor at the kombu keys a worker outside the tests keeps the
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 
@@ -21,6 +22,9 @@ STREAM_PREFIX = f"trove:test:{RUN_TAG}:"
 # named after its queue, so its member there carries the run's tag.
 PIDBOX_TABLES = ("_kombu.binding.celery.pidbox", "_kombu.binding_permanent.celery.pidbox")
 BINDING_DEADLINES = "_kombu.binding_deadlines"
+# Messages a worker took and had not acknowledged (kombu's `unacked` hash, delivery tag -> [message, exchange,
+# routing key], and its `unacked_index` zset): a worker killed in a test leaves its message there.
+UNACKED, UNACKED_INDEX = "unacked", "unacked_index"
 
 
 def unique_queue(kind: str = "") -> str:
@@ -45,8 +49,9 @@ def proxy_stream_keys(stream: str) -> list[str]:
 
 def forget_queue(client: redis.Redis, queue: str) -> None:
     """Remove what kombu keeps in Redis for `queue`: its message lists (one per priority), its binding
-    tables, and the control-queue entries of workers named after it; then the control table's deadline,
-    once no worker's entry is left in it (kombu's sweep would remove it later, with nothing to guard)."""
+    tables, the control-queue entries of workers named after it, and its messages a worker took without
+    acknowledging them; then the control table's deadline, once no worker's entry is left in it (kombu's
+    sweep would remove it later, with nothing to guard)."""
     keys = list(client.scan_iter(match=f"*{queue}*", count=1000))
     if keys:
         client.delete(*keys)
@@ -56,6 +61,27 @@ def forget_queue(client: redis.Redis, queue: str) -> None:
             client.srem(table, *members)
     if not client.exists(*PIDBOX_TABLES):
         client.zrem(BINDING_DEADLINES, "celery.pidbox")
+    _forget_unacked(client, lambda routing_key: routing_key == queue)
+
+
+def _unacked_for(client: redis.Redis, wanted) -> list[str]:
+    """Delivery tags of the unacknowledged messages whose routing key `wanted` accepts."""
+    tags = []
+    for tag, entry in client.hscan_iter(UNACKED):
+        try:
+            routing_key = json.loads(entry)[2]
+        except (ValueError, IndexError, TypeError):
+            continue
+        if wanted(routing_key):
+            tags.append(tag.decode())
+    return tags
+
+
+def _forget_unacked(client: redis.Redis, wanted) -> None:
+    tags = _unacked_for(client, wanted)
+    if tags:
+        client.hdel(UNACKED, *tags)
+        client.zrem(UNACKED_INDEX, *tags)
 
 
 def forget_stream(client: redis.Redis, stream: str) -> list[dict]:
@@ -72,14 +98,15 @@ def describe_dead_letters(stream: str, dead: list[dict]) -> str:
 
 
 def leftover_keys(client: redis.Redis, *, proxy_stream: str | None) -> list[str]:
-    """This run's keys still in Redis: its queues' and streams', the proxy stream's, and its workers'
-    entries in the control tables (listed as `table -> member`)."""
+    """This run's keys still in Redis: its queues' and streams', the proxy stream's, its workers' entries in
+    the control tables and its queues' unacknowledged messages (those two listed as `table -> member`)."""
     keys = {k.decode() for pattern in (f"*{QUEUE_PREFIX}*", f"{STREAM_PREFIX}*")
             for k in client.scan_iter(match=pattern, count=1000)}
     if proxy_stream:
         keys.update(k for k in proxy_stream_keys(proxy_stream) if client.exists(k))
     for table in PIDBOX_TABLES:
         keys.update(f"{table} -> {m.decode()}" for m in client.sscan_iter(table, match=f"*{QUEUE_PREFIX}*"))
+    keys.update(f"{UNACKED} -> {tag}" for tag in _unacked_for(client, lambda key: QUEUE_PREFIX in str(key)))
     return sorted(keys)
 
 
@@ -87,7 +114,10 @@ def remove_leftovers(client: redis.Redis, leftovers: list[str]) -> None:
     """Remove what `leftover_keys` listed (keys, and `table -> member` entries)."""
     for leftover in leftovers:
         table, arrow, member = leftover.partition(" -> ")
-        if arrow:
+        if arrow and table == UNACKED:
+            client.hdel(UNACKED, member)
+            client.zrem(UNACKED_INDEX, member)
+        elif arrow:
             client.srem(table, member)
         else:
             client.delete(table)

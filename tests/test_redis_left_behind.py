@@ -3,6 +3,7 @@ dead letter, fails and names them; the keys are gone afterwards; another run's k
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -95,3 +96,21 @@ def test_forget_queue_removes_every_key_kombu_made_for_a_queue(client):
     forget_queue(client, queue)
 
     assert list(client.scan_iter(match=f"*{queue}*")) == []
+
+
+def test_a_message_a_killed_worker_took_from_this_runs_queue_is_found_and_removed(client):
+    mine, another_runs = unique_queue("killed"), "trove-test-0another-killed-0123abcd"
+    for tag, queue in (("tag-mine", mine), ("tag-another", another_runs)):  # kombu's layout: [message, exchange, key]
+        client.hset("unacked", tag, json.dumps([{"body": "x"}, "", queue]))
+        client.zadd("unacked_index", {tag: 1.0})
+    try:
+        assert "unacked -> tag-mine" in leftover_keys(client, proxy_stream=None)
+        assert "unacked -> tag-another" not in leftover_keys(client, proxy_stream=None)
+
+        forget_queue(client, mine)
+
+        assert client.hexists("unacked", "tag-mine") == 0 and client.zscore("unacked_index", "tag-mine") is None
+        assert client.hexists("unacked", "tag-another") == 1, "another run's message is not this run's to remove"
+    finally:
+        client.hdel("unacked", "tag-mine", "tag-another")
+        client.zrem("unacked_index", "tag-mine", "tag-another")
