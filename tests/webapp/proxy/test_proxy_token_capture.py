@@ -215,3 +215,9 @@ def test_a_policy_version_is_read_only_where_the_endpoint_says_and_never_as_a_st
     assert policy_version("body:metadata.missing.deeper", headers={}, answer=answer) is None
     assert policy_version("header:X-Weights", headers={"X-Weights": "v" * 500}, answer=None) == "v" * 200
     assert policy_version("header:X-Weights", headers={}, answer=answer) is None
+
+
+def test_a_capture_field_the_harness_set_off_is_turned_on_upstream_and_hidden_from_it():
+    sent, capture = capture_request({"messages": [], "logprobs": False, "return_token_ids": False}, "vllm")
+    assert sent["logprobs"] is True and sent["return_token_ids"] is True
+    assert capture.hidden == frozenset({"logprobs", "token_ids", "prompt_token_ids"})
