@@ -98,6 +98,9 @@ def detect_format(path: str | Path) -> str:
     for key, importer in REGISTRY.items():
         if importer.detect(path, head):
             return key
+    if harbor.is_job_summary(path, head):
+        raise ImportFormatError(path, "a Harbor job's summary, not a run: its trials are the folders beside it "
+                                      "(import the job folder, or a trial's folder)")
     known = unsupported.identify(path, head)
     if known:
         raise ImportFormatError(

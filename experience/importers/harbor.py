@@ -58,6 +58,14 @@ def detect(path: Path, head: bytes) -> bool:
     return path.parent.name == "agent" and path.suffix == ".json" and _trial_result(path.parent.parent) is not None
 
 
+_JOB_KEYS = re.compile(rb'"n_total_trials"\s*:')
+
+
+def is_job_summary(path: Path, head: bytes) -> bool:
+    """A Harbor job's own result.json (JobResult): it says how the job's trials did, and is no trial itself."""
+    return path.name == RESULT and head.lstrip()[:1] == b"{" and bool(_JOB_KEYS.search(head[:65536]))
+
+
 def read_with_trial(path: Path) -> bool:
     """Whether importing a folder may leave this file out because another file of its trial reads it: the
     trial is read from agent/trajectory.json (the file kept as the runs' original), so its result.json and

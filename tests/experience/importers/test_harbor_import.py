@@ -64,7 +64,7 @@ def test_every_file_of_a_trial_is_detected_as_the_trial_and_reads_to_the_same_ru
 
 def test_the_jobs_own_result_is_not_a_trial() -> None:
     for job in (HARBOR_REAL_JOB, HARBOR_BUILT_JOB):
-        with pytest.raises(ImportFormatError, match="valid JSON of an unknown shape"):
+        with pytest.raises(ImportFormatError, match="a Harbor job's summary, not a run: its trials are the folders"):
             detect_format(job / "result.json")
 
 
