@@ -37,15 +37,28 @@ def page(browser):
     context.close()
 
 
-@pytest.fixture
-def logged_in_page(page, live_server, django_user_model):
+def _log_in(page, live_server, django_user_model, username: str):
+    """A user in every role (the browser tests act in all of them), logged in through the login form."""
     from webapp.access.roles import role_groups_sync
 
-    user = django_user_model.objects.create_user(username="researcher", password="s3cret-pass-123")
-    user.groups.add(*role_groups_sync().values())  # the browser tests act in every role
+    user = django_user_model.objects.create_user(username=username, password="s3cret-pass-123")
+    user.groups.add(*role_groups_sync().values())
     page.goto(f"{live_server.url}/accounts/login/")
-    page.fill("input[name=username]", "researcher")
+    page.fill("input[name=username]", username)
     page.fill("input[name=password]", "s3cret-pass-123")
     page.click("button[type=submit]")
     page.wait_for_url(f"{live_server.url}/")
     return page
+
+
+@pytest.fixture
+def logged_in_page(page, live_server, django_user_model):
+    return _log_in(page, live_server, django_user_model, "researcher")
+
+
+@pytest.fixture
+def phone_page(browser, live_server, django_user_model):
+    """Logged in on a 390 px touch screen (a phone)."""
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    yield _log_in(context.new_page(), live_server, django_user_model, "phone")
+    context.close()

@@ -87,18 +87,8 @@ def test_a_run_alone_in_its_task_is_told_there_is_no_similar_run(logged_in_page,
     assert page.locator(".compare-form input[name=a]").input_value() == str(lonely)
 
 
-def test_the_compare_page_and_its_entry_points_fit_a_390_px_screen(browser, live_server, django_user_model, marshmallow):
-    from webapp.access.roles import role_groups_sync
-
-    user = django_user_model.objects.create_user(username="phone", password="s3cret-pass-123")
-    user.groups.add(*role_groups_sync().values())
-    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
-    page = context.new_page()
-    page.goto(f"{live_server.url}/accounts/login/")
-    page.fill("input[name=username]", "phone")
-    page.fill("input[name=password]", "s3cret-pass-123")
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/")
+def test_the_compare_page_and_its_entry_points_fit_a_390_px_screen(phone_page, live_server, marshmallow):
+    page = phone_page
     page.goto(f"{live_server.url}/trajectories/{marshmallow[0]}/")
     page.locator("#compare-similar").scroll_into_view_if_needed()
     assert page.locator("#compare-similar").is_visible()
@@ -109,4 +99,3 @@ def test_the_compare_page_and_its_entry_points_fit_a_390_px_screen(browser, live
     page.screenshot(path=str(SHOTS / "compare-390.png"), full_page=False)
     assert overflow <= 1
     assert page.locator("#divergence").is_visible() and page.locator("#outcome-a").is_visible()
-    context.close()

@@ -289,17 +289,8 @@ def test_keys_step_through_the_run(logged_in_page, live_server):
     page.wait_for_selector("#step-0.current")
 
 
-def test_a_narrow_screen_works(browser, live_server, django_user_model):
-    from webapp.access.roles import role_groups_sync
-
-    user = django_user_model.objects.create_user(username="phone", password="s3cret-pass-123")
-    user.groups.add(*role_groups_sync().values())
-    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
-    page = context.new_page()
-    page.goto(f"{live_server.url}/accounts/login/")
-    page.fill("input[name=username]", "phone")
-    page.fill("input[name=password]", "s3cret-pass-123")
-    page.click("button[type=submit]")
+def test_a_narrow_screen_works(phone_page, live_server):
+    page = phone_page
     run = _synthetic("narrow", 10)
     _open(page, live_server, run.pk)
     assert page.locator("#stepper").is_visible()
@@ -312,7 +303,6 @@ def test_a_narrow_screen_works(browser, live_server, django_user_model):
     overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
     assert overflow <= 1
     page.screenshot(path=str(_shots() / "run-page-390.png"), full_page=False)
-    context.close()
 
 
 def test_the_compare_page_aligns_two_fixture_runs_and_names_the_first_divergence(logged_in_page, live_server):
