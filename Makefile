@@ -53,6 +53,10 @@ serve: $(DEMO_STAMP) system-deps
 test: $(STAMP) system-deps
 	DATABASE_URL=$${DATABASE_URL:-$(TEST_DATABASE_URL)} REDIS_URL=$${REDIS_URL:-$(TEST_REDIS_URL)} \
 	  SECRET_KEY=$${SECRET_KEY:-trove-test-secret} $(VENV)/bin/pytest --durations=25 $(PYTEST_ARGS)
+ifeq ($(PYTEST_ARGS),)
+	@# The embedded default is what `make demo` runs: its suite goes with every whole run (CI's included).
+	$(MAKE) --no-print-directory test-embedded
+endif
 
 # The embedded default's own suite: SQLite under a scratch var/, the in-process worker, no Postgres or Redis.
 test-embedded: $(STAMP) system-deps
