@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Q
 
 from experience.errors import TroveError
@@ -48,6 +48,7 @@ from experience.services.provenance import as_import
 
 BATCH = 200  # runs per ingest call: bounds memory on a file of 10,000 runs
 FILES_PER_COMMIT = 50  # files of a directory imported under one commit (each still all or nothing)
+SMALL_FILE_BYTES = 1 << 20  # files up to this size are read whole and written with the others of their group
 ORIGINAL_MAX_BYTES = 256 * 1024 * 1024  # larger files are imported without keeping the original
 
 IMPORTED, PRESENT, INVALID, UNRECOGNISED = "imported", "present", "invalid", "unrecognised"
@@ -237,6 +238,7 @@ def _fingerprinted(record: TrajectoryRecord) -> TrajectoryRecord:
 class _Stored:
     id: int
     source_ref: str
+    task_key: str
     fingerprint: str | None
     reward: float | None
     success: bool | None
@@ -244,12 +246,14 @@ class _Stored:
 
 
 def _sort_batch(
-    batch: list[TrajectoryRecord], report: FileReport, *, replace: bool, file: str
+    batch: list[TrajectoryRecord], report: FileReport, *, replace: bool, file: str,
+    stored: tuple[dict[str, _Stored], dict[str, _Stored]] | None = None,
 ) -> tuple[list[TrajectoryRecord], list[_Stored]]:
     """The records to write, and the stored runs they replace. Records already stored unchanged stay in the
     list (ingest counts them as present); changed ones are reported (or their old run retired, with
-    `replace`); duplicates by content are reported and left out."""
-    by_ref, by_content = _stored_for(batch)
+    `replace`); duplicates by content are reported and left out. `stored`: _stored_for(batch), when the
+    caller looked it up already."""
+    by_ref, by_content = stored if stored is not None else _stored_for(batch)
     fresh, retired = [], []
     for record in batch:
         stored = by_ref.get(record.source_ref)
@@ -270,26 +274,37 @@ def _sort_batch(
     return fresh, retired
 
 
-def _stored(queryset) -> dict[str, _Stored]:
-    rows = queryset.values_list("id", "source_ref", f"metadata__{FINGERPRINT_KEY}", "reward", "success", "n_steps")
-    return {row[1]: _Stored(*row) for row in rows}
-
-
-def _stored_for(batch: list[TrajectoryRecord]) -> tuple[dict[str, _Stored], dict[str, _Stored]]:
-    """The stored imports that share a ref with the batch's records (by ref), and those that share a content
-    fingerprint (by fingerprint, the oldest first), in one query. The task key (indexed) narrows the content
-    search: the fingerprint covers it, so a twin has the same task key."""
+def _stored_rows(batch: list[TrajectoryRecord]) -> list[_Stored]:
+    """The stored imports that share a ref with the batch's records or a content fingerprint (oldest first), in
+    one query. The task key (indexed) narrows the content search: the fingerprint covers it, so a twin has the
+    same task key."""
     refs = {r.source_ref for r in batch}
     same_content = Q(task_key__in={r.task_key for r in batch},
                      **{f"metadata__{FINGERPRINT_KEY}__in": {r.metadata[FINGERPRINT_KEY] for r in batch}})
     rows = Trajectory.objects.filter(Q(source_ref__in=refs) | same_content, source="import").order_by("id")
+    fields = ("id", "source_ref", "task_key", f"metadata__{FINGERPRINT_KEY}", "reward", "success", "n_steps")
+    return [_Stored(*row) for row in rows.values_list(*fields)]
+
+
+def _split_stored(
+    rows: list[_Stored], batch: list[TrajectoryRecord]
+) -> tuple[dict[str, _Stored], dict[str, _Stored]]:
+    """Of `rows` (_stored_rows of these records or more), those that share a ref with the batch's records (by
+    ref), and those that share a task key and a content fingerprint (by fingerprint, the oldest first)."""
+    refs = {r.source_ref for r in batch}
+    task_keys = {r.task_key for r in batch}
+    fingerprints = {r.metadata[FINGERPRINT_KEY] for r in batch}
     by_ref, by_content = {}, {}
-    for stored in _stored(rows).values():
+    for stored in rows:
         if stored.source_ref in refs:
             by_ref[stored.source_ref] = stored
-        else:
+        elif stored.task_key in task_keys and stored.fingerprint in fingerprints:
             by_content.setdefault(stored.fingerprint or "", stored)
     return by_ref, by_content
+
+
+def _stored_for(batch: list[TrajectoryRecord]) -> tuple[dict[str, _Stored], dict[str, _Stored]]:
+    return _split_stored(_stored_rows(batch), batch)
 
 
 def _differences(stored: _Stored, record: TrajectoryRecord) -> str:
@@ -356,18 +371,170 @@ def trajectories_import_path(
         report.files.append(FileReport(path=str(root), status=INVALID, error=f"{root}: no such file or directory"))
         return report
     files = trajectory_files(root)
+    options = {"format": format, "on_runs": on_runs, "success_threshold": success_threshold, "replace": replace}
     for start in range(0, len(files), FILES_PER_COMMIT):
-        # Many small files (a session or a trial each) share a commit: each file is still all or nothing
-        # (its own transaction.atomic is a savepoint here), but the commit's flush is paid once per group.
+        # Many small files (a session or a trial each) share a commit, and are written together (see
+        # _import_small); each file is still all or nothing, but the commit's flush is paid once per group.
         with transaction.atomic():
-            for file, name in files[start:start + FILES_PER_COMMIT]:
-                item = trajectories_import_file(path=file, format=format, name=name, on_runs=on_runs,
-                                                success_threshold=success_threshold, replace=replace)
+            for item in _import_group(files[start:start + FILES_PER_COMMIT], **options):
                 report.files.append(item)
                 if on_file:
                     on_file(item)
     reports_apply(report)
     return report
+
+
+def _import_group(files: list[tuple[Path, str | None]], *, replace: bool, **options) -> Iterator[FileReport]:
+    """The files' reports, in order. Runs of consecutive small files are imported together (_import_small);
+    a large file, or any file with `replace` (rare, and it rewrites stored runs), on its own."""
+    small: list[tuple[Path, str | None]] = []
+    for file, name in files:
+        if not replace and file.stat().st_size <= SMALL_FILE_BYTES:
+            small.append((file, name))
+            continue
+        yield from _import_small(small, **options)
+        small = []
+        yield trajectories_import_file(path=file, name=name, replace=replace, **options)
+    yield from _import_small(small, **options)
+
+
+@dataclass
+class _Staged:
+    """A small file read whole, ready to be written with the others of its group."""
+
+    file: Path
+    name: str | None
+    report: FileReport
+    digest: str = ""
+    original: bytes = b""
+    records: list[TrajectoryRecord] = field(default_factory=list)
+
+
+class _NotAlone(Exception):
+    """A file of the group depends on what an earlier one writes (the same bytes, the same run, or the same
+    content under another ref): the group is imported file by file instead."""
+
+
+def _import_small(
+    files: list[tuple[Path, str | None]], *, format: str | None, on_runs: Callable[[int], None] | None,
+    success_threshold: float | None,
+) -> list[FileReport]:
+    """Import small files together: each is read, parsed and checked on its own first (a fault is that file's
+    report, as in trajectories_import_file), then the readable ones are written at once: their originals in
+    one blob write, one lookup of stored runs, one ingest call. If that write fails (a run the store refuses,
+    a race) or a file depends on an earlier one of the group, it is undone and the group imported file by
+    file, which names the bad file and keeps the others: the outcome is the same either way, only slower."""
+    if not files:
+        return []
+    try:
+        with transaction.atomic():  # a savepoint: a failed write leaves the group's transaction usable
+            staged = [_stage(file, name, format) for file, name in files]
+            _mark_present(staged)
+            for item in staged:
+                if not item.report.status:
+                    _parse(item, success_threshold)
+            writing = [item for item in staged if not item.report.status]
+            _write_together(writing)
+    except (TroveError, DatabaseError, _NotAlone):
+        return [trajectories_import_file(path=file, format=format, name=name, on_runs=on_runs,
+                                         success_threshold=success_threshold) for file, name in files]
+    for item in writing:
+        item.report.settle()
+        if on_runs and item.records:
+            on_runs(len(item.records))
+    return [item.report for item in staged]
+
+
+def _stage(file: Path, name: str | None, forced: str | None) -> _Staged:
+    """The file's format and bytes, or its final report when it is not a trajectory file."""
+    item = _Staged(file=file, name=name, report=FileReport(path=str(file)))
+    try:
+        item.report.format = _format_of(file, forced)
+    except ImportFormatError as error:
+        kind = reports.detect(file) if forced is None else None
+        if kind:
+            item.report.status, item.report.format = REPORT, kind
+        else:
+            item.report.status, item.report.error = UNRECOGNISED, error.message
+        return item
+    item.original = file.read_bytes()
+    item.digest = hashlib.sha256(item.original).hexdigest()
+    return item
+
+
+def _mark_present(staged: list[_Staged]) -> None:
+    """Files whose bytes were imported before are present (one query for the group)."""
+    digests = [item.digest for item in staged if item.digest]
+    if len(set(digests)) != len(digests):
+        raise _NotAlone  # the same bytes twice in the group: the second is present once the first is stored
+    earlier: dict[str, list[int]] = {}
+    rows = Trajectory.objects.filter(original_blob__in=digests).order_by("id").values_list("original_blob", "id")
+    for digest, pk in rows:
+        earlier.setdefault(digest, []).append(pk)
+    for item in staged:
+        if item.digest in earlier:
+            ids = earlier[item.digest]
+            item.report.status, item.report.present, item.report.trajectory_ids = PRESENT, len(ids), ids
+
+
+def _parse(item: _Staged, success_threshold: float | None) -> None:
+    try:
+        records = iter_records(item.file, item.report.format, name=item.name, success_threshold=success_threshold)
+        item.records = [_fingerprinted(as_import(record)) for record in records]
+    except TroveError as error:
+        item.report.status, item.report.error = INVALID, error.message
+    else:
+        if len(item.records) > BATCH:
+            raise _NotAlone  # a small file with many runs: written in batches, on its own
+
+
+def _write_together(staged: list[_Staged]) -> None:
+    """Write the staged files' runs in one go, deciding per file what is new, changed or a duplicate exactly as
+    _import_runs would had the files been imported one after the other."""
+    if not staged:
+        return
+    blobs_store({item.digest: item.original for item in staged})
+    stored = _stored_rows([record for item in staged for record in item.records])
+    earlier_refs: dict[str, TrajectoryRecord] = {}  # runs new to the store that an earlier file of the group writes
+    earlier_content: set[str] = set()
+    fresh_by_file = []
+    for item in staged:
+        by_ref, by_content = _split_stored(stored, item.records)
+        fresh, retired = _sort_batch(item.records, item.report, replace=False, file=item.report.path,
+                                     stored=(by_ref, by_content))
+        assert not retired  # only `replace` retires runs
+        for record in fresh:
+            if record.source_ref in by_ref:
+                continue
+            twin = earlier_refs.get(record.source_ref)
+            if twin is not None and _record_differences(twin, record):
+                raise _NotAlone  # reported as changed against the earlier file's run, one file at a time
+            if twin is None and record.metadata[FINGERPRINT_KEY] in earlier_content:
+                raise _NotAlone  # a duplicate of the earlier file's run, whose id is known once it is stored
+        for record in fresh:
+            if record.source_ref not in by_ref:
+                earlier_refs.setdefault(record.source_ref, record)
+                earlier_content.add(record.metadata[FINGERPRINT_KEY])
+        fresh_by_file.append(fresh)
+    records = [record for fresh in fresh_by_file for record in fresh]
+    originals = [item.digest for item, fresh in zip(staged, fresh_by_file, strict=True) for _ in fresh]
+    outcomes = iter(trajectories_ingest_many(records=records, original_blobs=originals,
+                                             field_prefix="record {index}: ") if records else [])
+    for item, fresh in zip(staged, fresh_by_file, strict=True):
+        for outcome in islice(outcomes, len(fresh)):
+            item.report.trajectory_ids.append(outcome.trajectory_id)
+            if outcome.created:
+                item.report.imported += 1
+            else:
+                item.report.present += 1
+
+
+def _record_differences(earlier: TrajectoryRecord, record: TrajectoryRecord) -> str:
+    """What differs between two versions of a run, as _differences sees a stored one."""
+    stored = _Stored(id=0, source_ref=earlier.source_ref, task_key=earlier.task_key,
+                     fingerprint=earlier.metadata[FINGERPRINT_KEY], reward=earlier.reward, success=earlier.success,
+                     n_steps=len(earlier.steps))
+    return _differences(stored, record)
 
 
 def reports_apply(report: ImportReport) -> None:

@@ -95,6 +95,7 @@ def trajectories_ingest_many(
     field_prefix: str = "trajectories[{index}].",
     index_offset: int = 0,
     rollout_runner: bool = False,
+    original_blobs: Sequence[str] | None = None,
 ) -> list[IngestOutcome]:
     """Store many whole runs at once; one outcome per record, in order.
 
@@ -102,7 +103,8 @@ def trajectories_ingest_many(
     Errors name the field, e.g. "trajectories[3].steps[7].kind" (`field_prefix` formatted with the record's
     index plus `index_offset`, for a caller feeding a longer stream in batches). Idempotent on
     (source, source_ref): a run already stored, or repeated within the batch, is not written again.
-    `original_blob` (the sha256 of an already stored file) is recorded on every run created.
+    `original_blob` (the sha256 of an already stored file) is recorded on every run created; `original_blobs`,
+    one per record, instead, for a batch read from several files (experience.services.importing).
     A run whose source is `rollout` (in any spelling) is refused unless `rollout_runner` is true: only
     Trove's own runner passes it, never a view or an importer (experience.services.provenance).
     """
@@ -110,25 +112,28 @@ def trajectories_ingest_many(
         where = field_prefix.format(index=index + index_offset)
         validate_trajectory(record, where=where)
         check_source(record.source, field=f"{where}source", rollout_runner=rollout_runner)
+    if original_blobs is not None and len(original_blobs) != len(records):
+        raise ValueError("original_blobs: one per record")
+    originals = list(original_blobs) if original_blobs is not None else [original_blob] * len(records)
     for attempt in range(_ATTEMPTS):
         try:
             with transaction.atomic():
-                return _write_batch(records, original_blob)
+                return _write_batch(records, originals)
         except (IntegrityError, OperationalError) as error:
             if attempt == _ATTEMPTS - 1 or not _is_race(error):
                 raise
     raise AssertionError("unreachable")
 
 
-def _write_batch(records: Sequence[TrajectoryRecord], original_blob: str) -> list[IngestOutcome]:
+def _write_batch(records: Sequence[TrajectoryRecord], originals: Sequence[str]) -> list[IngestOutcome]:
     known = _existing_ids(records)
-    fresh: dict[tuple[str, str], TrajectoryRecord] = {}
-    for record in records:
+    fresh: dict[tuple[str, str], tuple[TrajectoryRecord, str]] = {}
+    for record, original in zip(records, originals, strict=True):
         key = (record.source, record.source_ref)
         if key not in known:
-            fresh.setdefault(key, record)
+            fresh.setdefault(key, (record, original))
     if fresh:
-        known.update(_insert_runs(list(fresh.values()), original_blob))
+        known.update(_insert_runs(list(fresh.values())))
     created_keys = set(fresh)
     outcomes = []
     for record in records:
@@ -152,8 +157,10 @@ def _existing_ids(records: Sequence[TrajectoryRecord]) -> dict[tuple[str, str], 
     return found
 
 
-def _insert_runs(records: list[TrajectoryRecord], original_blob: str) -> dict[tuple[str, str], int]:
-    rows = [_trajectory_row(record, original_blob) for record in records]
+def _insert_runs(runs: list[tuple[TrajectoryRecord, str]]) -> dict[tuple[str, str], int]:
+    """Write the runs, each (record, sha256 of the file it was read from or "")."""
+    rows = [_trajectory_row(record, original_blob) for record, original_blob in runs]
+    records = [record for record, _ in runs]
     if is_postgres():
         copy_new_objects(rows)
     else:
