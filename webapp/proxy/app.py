@@ -32,6 +32,7 @@ handed to the sink after the response has been sent.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -396,7 +397,11 @@ async def _relay_stream(
 ) -> web.StreamResponse:
     """Write the upstream's stream to the client as it arrives, keeping each chunk for the record."""
     call.stream = True
-    response = web.StreamResponse(status=upstream.status, headers=_passed_on(upstream.headers, call.redactor))
+    # Bytes that came with the upstream's headers go out with ours, in one write (on a busy machine every
+    # write is a wake-up of the harness, and a wait for a core); else ours go at once, as the upstream's did.
+    headers_held = upstream.content.total_bytes > 0
+    response = (_HeadersWithFirstBytes if headers_held else web.StreamResponse)(
+        status=upstream.status, headers=_passed_on(upstream.headers, call.redactor))
     try:
         await response.prepare(request)
     except ConnectionError:
@@ -409,6 +414,8 @@ async def _relay_stream(
             chunk = await upstream.content.readany()
         except (aiohttp.ClientError, TimeoutError) as exc:
             call.fail("stream_broken", f"the upstream stream broke: {exc!r}")
+            if headers_held:  # the headers, then the break, as the upstream's came
+                await _send_held_headers(response)
             await _relay_chunk(response, call, *_stripped_tail(call, stripper))
             _drop_connection(request)
             return response
@@ -416,12 +423,27 @@ async def _relay_stream(
             break
         kept = call.redactor.chunk(chunk)
         if upstream.content.is_eof() and upstream.content.exception() is None:
-            # The upstream's end came with its last bytes: they go on with ours in one write, not two (on a
-            # busy machine every write is a wake-up of the harness, and a wait for a core).
+            # The upstream's end came with its last bytes: they go on with ours in one write, not two.
             return await _end_stream(request, response, call, *_stripped_tail(call, stripper, kept))
-        if not await _relay_chunk(response, call, kept, stripper.feed(kept) if stripper else None):
+        sent = stripper.feed(kept) if stripper else kept
+        if headers_held and not sent:  # what came with them is held back (a key's or an event's start): not they
+            await _send_held_headers(response)
+        if not await _relay_chunk(response, call, kept, sent):
             return response
+        headers_held = False
     return await _end_stream(request, response, call, *_stripped_tail(call, stripper))
+
+
+class _HeadersWithFirstBytes(web.StreamResponse):
+    """A stream response whose headers wait for its first write and go with it (as aiohttp's whole `Response`
+    does); used only when the first bytes are already in hand."""
+
+    _send_headers_immediately = False
+
+
+async def _send_held_headers(response: web.StreamResponse) -> None:
+    with contextlib.suppress(ConnectionError):  # a client gone is noted by the next write
+        await response.write(b"")  # a held header block with no bytes: sent alone
 
 
 def _stripped_tail(call: _Call, stripper: StreamStripper | None, last: bytes = b"") -> tuple[bytes, bytes | None]:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from aiohttp import web
+from aiohttp import http_writer, web
 
 from tests.webapp.proxy.harness import UPSTREAM_KEY, new_call_id, send
 from webapp.proxy.app import Target, make_proxy_app
@@ -123,6 +123,33 @@ def proxy_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bytes]]:
     return writes
 
 
+@pytest.fixture
+def sends_to_harness(proxy, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """What the proxy hands its transports towards the harness, one item per transport write (its sockets
+    to the upstream and the test's client are told apart by the local port: the proxy's own)."""
+    port = int(proxy[0].rsplit(":", 1)[1])
+    sends: list[bytes] = []
+    original_write, original_writelines = http_writer.StreamWriter._write, http_writer.StreamWriter._writelines
+
+    def towards_harness(writer: http_writer.StreamWriter) -> bool:
+        return writer.transport is not None and writer.transport.get_extra_info("sockname")[1] == port
+
+    def write(self: http_writer.StreamWriter, chunk: bytes) -> None:
+        if towards_harness(self):
+            sends.append(bytes(chunk))
+        original_write(self, chunk)
+
+    def writelines(self: http_writer.StreamWriter, chunks: Any) -> None:
+        chunks = list(chunks)
+        if towards_harness(self):
+            sends.append(b"".join(chunks))
+        original_writelines(self, chunks)
+
+    monkeypatch.setattr(http_writer.StreamWriter, "_write", write)
+    monkeypatch.setattr(http_writer.StreamWriter, "_writelines", writelines)
+    return sends
+
+
 def _record(sink: InProcessSink, records: list[CallRecord], call_id: str) -> CallRecord:
     sink.flush(5.0)
     [record] = [record for record in records if record.call_id == call_id]
@@ -169,3 +196,18 @@ def test_a_captured_stream_ending_in_one_read_is_stripped_for_the_harness_and_ke
     assert choice["token_ids"] == [7, 8] and record.response["prompt_token_ids"] == [1, 2]
     assert choice["logprobs"] == {"content": [{"token": "ls", "logprob": -0.5}]}
     assert record.token_capture == "vllm" and not record.is_error
+
+
+def test_a_stream_that_came_whole_with_its_headers_reaches_the_harness_in_one_send(proxy, sends_to_harness):
+    base_url, sink, records = proxy
+    call_id = new_call_id()
+
+    reply = send(f"{base_url}/r/tok-plain/v1/chat/completions", call_id=call_id,
+                 body={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
+
+    expected = STREAM.replace(UPSTREAM_KEY.encode(), b"[redacted]")
+    assert reply.status == 200 and reply.body == expected
+    [sent] = sends_to_harness  # headers, body and the chunked end together
+    assert sent.startswith(b"HTTP/1.1 200") and sent.endswith(expected + b"\r\n0\r\n\r\n")
+    assert reply.headers["Content-Type"] == "text/event-stream"
+    assert not _record(sink, records, call_id).is_error
