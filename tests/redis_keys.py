@@ -89,6 +89,11 @@ def forget_stream(client: redis.Redis, stream: str) -> list[dict]:
     its fields, `reason` and `error` among them) so that the caller can fail on them."""
     dead = [_decoded(fields) for _, fields in client.xrange(f"{stream}:dead")]
     client.delete(*proxy_stream_keys(stream))
+    # The proxy's per-attempt admission counts and closed gates (webapp/proxy/admission.py), named after it.
+    gates = [*client.scan_iter(match=f"{stream}:admitted:*", count=1000),
+             *client.scan_iter(match=f"{stream}:closed:*", count=1000)]
+    if gates:
+        client.delete(*gates)
     return dead
 
 

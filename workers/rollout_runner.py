@@ -39,6 +39,7 @@ from concurrent import futures
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+import redis
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 
@@ -54,7 +55,7 @@ from experience.services.ingest import (
 from webapp.fleets.errors import StaleFencingToken
 from webapp.fleets.models import EnvironmentTemplate, Fleet
 from webapp.fleets.services import relaxed_commit
-from webapp.proxy.wiring import ingest_pending_records
+from webapp.proxy.wiring import close_and_count_admitted, ingest_pending_records
 from webapp.rollouts import services as rollout_services
 from webapp.rollouts.models import Rollout
 from workers import eval_integrity, fleet_ops
@@ -77,9 +78,11 @@ PROXY_RECORD_WAIT_S = 15.0
 INGEST_SLICE_S = 0.02
 CATCH_UP_SLICE_S, CATCH_UP_IDLE_S = 0.2, 0.2  # the catch-up thread: one drain of the stream, the pause after
 CATCH_UP_KEEP_S = 0.5  # ... and how long it keeps its connection with no rollout in a harness (between rollouts)
-# An external harness does not say how many calls it made: its calls are taken as all recorded once the
-# count has not moved for this long after it exited (the proxy queues a call's record as soon as it has sent
-# the answer, so what is left to cover is the record's way to the store: the sink's batching, the stream).
+# An external harness does not say how many calls it made. On the full stack the proxy counts the calls it
+# admits (webapp/proxy/admission.py) and the runner waits for exactly that many; without Redis its calls are
+# taken as all recorded once the count has not moved for this long after it exited (the proxy queues a
+# call's record as soon as it has sent the answer, so what is left to cover is the record's way to the
+# store: the sink's batching).
 PROXY_RECORD_QUIET_S = 1.0
 EVAL_PATCH_BYTES = 16 * 1024 * 1024  # the largest final diff carried into a fresh evaluation sandbox
 # The runner's own steps are written in batches: at most this long after the first unwritten one (checked as
@@ -381,7 +384,7 @@ class Attempt:
             kill=lambda script: _kill_quietly(lease, script),
             should_stop=self.heartbeat.lost.is_set,
         )
-        calls = _settled_model_calls(self.trajectory_id)
+        calls = _settled_model_calls(self.trajectory_id, rollout.proxy_token)
         self.model_calls = len(calls)
         self.account_external(outcome, calls)
         self.record(_harness_step(launch.display if launch else job.harness_command, outcome,
@@ -661,20 +664,49 @@ def _kill_quietly(lease: fleet_ops.Lease, script: str) -> None:
         log.info("could not kill the harness in %s: %s", lease.sandbox.name, error)
 
 
-def _settled_model_calls(trajectory_id: int) -> list[dict]:
-    """The trajectory's model calls once the proxy's writer has caught up (the count stopped moving)."""
+def _settled_model_calls(trajectory_id: int, token: str) -> list[dict]:
+    """The trajectory's model calls once all of the harness's calls are stored. On the full stack the
+    attempt's token is closed first and the proxy's count of the calls it admitted read in the same step
+    (admission.py), then the store is caught up until it holds that many; elsewhere, when Redis cannot
+    answer, or when more calls are stored than counted (the proxy let calls through uncounted while Redis
+    was down), the count is taken as settled once it stopped moving for PROXY_RECORD_QUIET_S."""
+    admitted = _admitted_calls(token)
+    calls = Step.objects.filter(trajectory_id=trajectory_id, kind="model_call")
     deadline = time.monotonic() + PROXY_RECORD_WAIT_S
     count, quiet_since = -1, time.monotonic()
     while time.monotonic() < deadline:
-        current = Step.objects.filter(trajectory_id=trajectory_id, kind="model_call").count()
-        if current != count:
-            count, quiet_since = current, time.monotonic()
-        elif time.monotonic() - quiet_since >= PROXY_RECORD_QUIET_S:
-            break
+        if admitted is not None:
+            # Distinct call ids: the proxy counts by call id, and the store keeps one step per call id.
+            stored = calls.exclude(call_id=None).values("call_id").distinct().count()
+            if stored == admitted:
+                break
+            if stored > admitted:  # calls went ahead uncounted (Redis was down for the proxy): wait for quiet
+                log.warning("trajectory %s: %s calls stored, %s counted: waiting for quiet", trajectory_id,
+                            stored, admitted)
+                admitted = None
+        if admitted is None:
+            current = calls.count()
+            if current != count:
+                count, quiet_since = current, time.monotonic()
+            elif time.monotonic() - quiet_since >= PROXY_RECORD_QUIET_S:
+                break
         _catch_up(deadline - time.monotonic())
-        time.sleep(0.05)
-    rows = Step.objects.filter(trajectory_id=trajectory_id, kind="model_call").order_by("started_at", "seq")
+    else:
+        log.warning("trajectory %s: the proxy's records were not all stored within %ss (admitted: %s)",
+                    trajectory_id, PROXY_RECORD_WAIT_S, admitted)
+    rows = calls.order_by("started_at", "seq")
     return [dict(row) for row in rows.values("call_id", "is_error", "payload", "duration_ms")]
+
+
+def _admitted_calls(token: str) -> int | None:
+    """How many calls the proxy admitted for this attempt, its token closed to more; None when unknown."""
+    if not settings.REDIS_URL:
+        return None
+    try:
+        return close_and_count_admitted(token)
+    except redis.RedisError as exc:
+        log.warning("could not read the proxy's count of admitted calls (%s): waiting for quiet", exc)
+        return None
 
 
 def _external_failure(outcome: external.ExternalOutcome, calls: list[dict]) -> InfraFailure | None:

@@ -12,16 +12,18 @@ import time
 from pathlib import Path
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import connection
 
 from experience.models import Trajectory
 from tests.webapp.rollouts.jobs_factories import make_endpoint
 from webapp.fleets.models import Sandbox
+from webapp.proxy.recorder import RedisStreamSink
 from webapp.rollouts.models import Rollout
 from webapp.rollouts.services import job_cancel, job_create, taskset_upsert
 from workers.demo.tasks import get_demo_task
 from workers.harness.external import server_failure
-from workers.rollout_runner import rollout_run
+from workers.rollout_runner import PROXY_RECORD_QUIET_S, rollout_run
 from workers.sandboxes.base import SandboxError
 
 MINI_AGENT = Path(__file__).resolve().parents[2] / "workers" / "harness" / "examples" / "mini_agent.py"
@@ -147,6 +149,31 @@ def test_a_harness_that_exits_non_zero_after_working_with_the_model_is_the_agent
     assert rollout.steps == 1 == rollout.trajectory.steps.filter(kind="model_call").count()
     assert rollout.trajectory.steps.filter(kind="eval").exists()
     assert rollout.trajectory.status == Trajectory.Status.COMPLETED
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(not django_settings.REDIS_URL, reason="the proxy counts admitted calls in Redis")
+def test_a_call_whose_record_reaches_the_store_long_after_the_harness_exited_is_not_lost(
+    local_backend, unix_proxy, model_upstream, demo_task_set, proxy_only_fleet, monkeypatch
+):
+    # The proxy is slow to record: each record reaches its sink well after the harness had its answer and
+    # exited, and after the old settling wait (the count quiet for PROXY_RECORD_QUIET_S) would have given up.
+    put = RedisStreamSink.put
+
+    def slow_put(self, record):
+        threading.Timer(PROXY_RECORD_QUIET_S + 1.5, put, (self, record)).start()
+
+    monkeypatch.setattr(RedisStreamSink, "put", slow_put)
+    job = external_job(demo_task_set, proxy_only_fleet, model_upstream.url, f"{IN_SANDBOX} --max-steps 1; exit 7",
+                       task_keys=["slugify"])
+    rollout = job.rollouts.get()
+
+    status = rollout_run(rollout_id=rollout.pk, worker="test-worker")
+
+    rollout.refresh_from_db()
+    assert status == Rollout.Status.FAILED and rollout.attempt == 1, rollout.error
+    assert rollout.steps == 1 == rollout.trajectory.steps.filter(kind="model_call").count() == model_upstream.requests
+    assert rollout.trajectory.steps.get(kind="command").payload["model_calls"] == 1
 
 
 @pytest.mark.django_db(transaction=True)

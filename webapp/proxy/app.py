@@ -32,6 +32,7 @@ handed to the sink after the response has been sent.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
@@ -119,12 +120,16 @@ class Target:
 
 
 Resolve = Callable[[str], Awaitable[Target | None]]
+# (token, call id) -> whether the call may go ahead: counted where its runner reads it (admission.py); False once
+# the attempt's harness has exited. Raises when the count cannot be kept (the call goes ahead uncounted).
+Admit = Callable[[str, str], Awaitable[bool]]
 
 
 def make_proxy_app(
     *,
     resolve: Resolve,
     sink: RecordSink,
+    admit: Admit | None = None,
     connector_limit: int = 512,
     upstream_timeout: float = 600.0,
     connect_timeout: float = 10.0,
@@ -135,10 +140,12 @@ def make_proxy_app(
     `upstream_timeout` bounds the upstream's silence (waiting for its answer, or between two chunks of a
     stream), not a whole generation, so a long stream that keeps sending is never cut.
     `connector_limit` caps the pooled upstream connections (per pool: public-only and private-allowed).
+    `admit`, when given, is asked before each model call is forwarded (every admitted call is recorded).
     """
     proxy = _Proxy(
         resolve=resolve,
         sink=sink,
+        admit=admit,
         connector_limit=connector_limit,
         timeout=aiohttp.ClientTimeout(
             total=None, connect=upstream_timeout, sock_connect=connect_timeout, sock_read=upstream_timeout
@@ -163,11 +170,13 @@ class _Proxy:
         *,
         resolve: Resolve,
         sink: RecordSink,
+        admit: Admit | None,
         connector_limit: int,
         timeout: aiohttp.ClientTimeout,
     ) -> None:
         self._resolve = resolve
         self._sink = sink
+        self._admit = admit
         self._connector_limit = connector_limit
         self._timeout = timeout
         self._sessions: dict[bool, aiohttp.ClientSession] = {}
@@ -288,6 +297,10 @@ class _Proxy:
                 400, "invalid_call_id", f"{CALL_ID_HEADER} must match [A-Za-z0-9._:-]{{1,128}}"
             )
         call = _Call(target=target, call_id=call_id or _call_ids.next(), protocol=protocol)
+        refused = await self._admission(request, call)
+        if refused is not None:
+            return refused
+        # From here on the call is recorded whatever happens (the `finally`): its runner waits for the record.
         try:
             return await self._handle_call(request, target, call)
         except web.HTTPException as exc:  # a body over the size limit
@@ -299,6 +312,28 @@ class _Proxy:
             raise
         finally:
             self._record(call)
+
+    async def _admission(self, request: web.Request, call: _Call) -> web.Response | None:
+        """None when the call may go ahead, else the answer: 401 once the attempt's harness has exited. While
+        the count cannot be kept (Redis down) the call goes ahead uncounted: a harness never notices the
+        outage, and its runner, finding more calls stored than counted, waits for quiet instead. A client gone
+        while the count was taken leaves a counted call: it is recorded as failed, as its runner waits for
+        every counted call's record."""
+        if self._admit is None:
+            return None
+        counting = asyncio.ensure_future(self._admit(request.match_info["token"], call.call_id))
+        try:
+            admitted = await asyncio.shield(counting)
+        except asyncio.CancelledError:
+            if await _settled(counting):
+                call.fail("client_disconnected", "the client went away before the call was forwarded")
+                self._record(call)
+            raise
+        except Exception as exc:
+            log.warning("rollout %s: a call goes ahead uncounted, the count cannot be kept: %r",
+                        call.target.rollout_id, exc)
+            return None
+        return None if admitted else _unknown_token()
 
     async def _handle_call(self, request: web.Request, target: Target, call: _Call) -> web.StreamResponse:
         module = PROTOCOLS[call.protocol]
@@ -390,6 +425,14 @@ class _Proxy:
             self._sink.put(call.to_record())
         except Exception:  # a recording bug must not undo the answer
             log.exception("could not record call %s", call.call_id)
+
+
+async def _settled(counting: asyncio.Future[bool]) -> bool:
+    """Whether a call whose handler was cancelled mid-admission was counted."""
+    try:
+        return bool(await counting)
+    except Exception:
+        return False
 
 
 async def _relay_stream(

@@ -28,6 +28,7 @@ from django.db import connection
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from webapp.proxy.admission import RedisAdmissions, close_and_count
 from webapp.proxy.app import make_proxy_app
 from webapp.proxy.locations import proxy_spool_dir, proxy_stream
 from webapp.proxy.recorder import InProcessSink, RecordSink, RedisStreamSink, consume_stream
@@ -58,10 +59,22 @@ def make_trove_proxy_app(
     """
     resolver = resolver or TokenResolver()
     sink = sink or default_sink()
+    # Full stack: each call is counted before it is forwarded, so a rollout runner knows exactly how many
+    # records to wait for once its harness has exited (admission.py).
+    admissions = RedisAdmissions(settings.REDIS_URL, prefix=proxy_stream()) if settings.REDIS_URL else None
+    app_options.setdefault("admit", admissions.admit if admissions else None)
     app = make_proxy_app(resolve=resolver.resolve, sink=sink, **app_options)
     app[TOKEN_RESOLVER] = resolver
     app.on_cleanup.append(resolver.aclose)
+    if admissions is not None:
+        app.on_cleanup.append(admissions.aclose)
     return app, sink
+
+
+def close_and_count_admitted(token: str) -> int:
+    """Close the rollout attempt's gate (its token admits no more calls) and return how many distinct calls
+    the proxy admitted for it. Full stack only; raises redis.RedisError when Redis cannot answer."""
+    return close_and_count(redis_client(settings.REDIS_URL), token, prefix=proxy_stream())
 
 
 def default_sink() -> RecordSink:
