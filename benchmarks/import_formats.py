@@ -13,9 +13,8 @@ ATIF-v1.7 as Trove's exporter writes it) in one job folder.
 Phases, each from empty tables, on a scratch database created for the run and dropped after:
 - trove: `manage.py import`'s service on the Trove export (the baseline: Trove's own bulk ingest format);
 - array: the same service on the JSON array;
-- claude: the same service on the directory of sessions;
-- harbor: the same service on the job folder (each trial's two files both read as the trial: the second finds
-  its runs stored, which is part of the cost measured).
+- claude: the same service on the directory of sessions (small files: written together, 50 to a group);
+- harbor: the same service on the job folder (each trial read once, from its agent/trajectory.json).
 Each figure is steps stored per second, end to end (detection, parsing, validation, fingerprints,
 ingest). Target (issue 17): array and claude (and harbor) each at least half the trove rate. The last line is one JSON
 object.
