@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 import zstandard
 
+from experience import zstd
 from experience.distill import chat
 from experience.distill.decisions import Decision, decision_points
 from experience.distill.rubric import RUBRIC_VERSION, Rubric, RubricState, labels_of, rubric
@@ -35,8 +36,6 @@ from experience.steps import json_loads
 
 DIGEST_VERSION = f"digest-1+{RUBRIC_VERSION}"
 ZSTD_LEVEL = 3
-_compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-_decompressor = zstandard.ZstdDecompressor()
 
 Row = dict[str, Any]
 STATS_KEYS = (
@@ -86,12 +85,12 @@ class RunDigest:
                 [d.record_step, d.keep, d.added, d.known_total, d.action, d.state] for d in self.decisions
             ],
         }
-        return _compressor.compress(_dumps(document))
+        return zstd.compress(_dumps(document), level=ZSTD_LEVEL)
 
     @classmethod
     def decode(cls, data: bytes) -> RunDigest:
         try:
-            document = json_loads(_decompressor.decompress(data))
+            document = json_loads(zstd.decompress(data))
         except (zstandard.ZstdError, ValueError) as error:
             raise DigestError(f"not a run digest: {error}") from error
         if not isinstance(document, dict) or document.get("version") != DIGEST_VERSION:

@@ -5,18 +5,17 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 
-import zstandard
 from django.db import connection, transaction
 from django.utils import timezone
 
+from experience import zstd
 from experience.models import Blob
 from experience.services.bulk import copy_ignoring_conflicts, is_postgres
 
 # Below this size compression rarely pays for its CPU; above it, text compresses 3-10x.
 COMPRESS_MIN_BYTES = 512
 _LOOKUP_CHUNK = 5000  # digests per "which of these exist" query (SQLite caps bound parameters)
-_compressor = zstandard.ZstdCompressor(level=1)
-_decompressor = zstandard.ZstdDecompressor()
+BLOB_ZSTD_LEVEL = 1
 COLUMNS = ("sha256", "size", "encoding", "data", "created_at")
 COLUMN_TYPES = ("varchar", "int8", "varchar", "bytea", "timestamptz")  # for a binary COPY of COLUMNS
 
@@ -27,7 +26,7 @@ def sha256_hex(content: bytes) -> str:
 
 def _encode(content: bytes) -> tuple[str, bytes]:
     if len(content) >= COMPRESS_MIN_BYTES:
-        packed = _compressor.compress(content)
+        packed = zstd.compress(content, level=BLOB_ZSTD_LEVEL)
         if len(packed) < len(content):
             return "zstd", packed
     return "raw", content
@@ -96,7 +95,7 @@ def blob_put(content: bytes) -> str:
 
 def _decode(blob: Blob) -> bytes:
     data = bytes(blob.data)
-    return _decompressor.decompress(data) if blob.encoding == "zstd" else data
+    return zstd.decompress(data) if blob.encoding == "zstd" else data
 
 
 def blob_get_many(hashes: Iterable[str]) -> dict[str, bytes]:

@@ -33,7 +33,6 @@ from datetime import time as dt_time
 from typing import Any, NamedTuple
 
 import psycopg
-import zstandard
 from django.db import connection
 from django.db.models import Q, QuerySet
 from django.db.models.expressions import RawSQL
@@ -41,6 +40,7 @@ from django.db.models.functions import Collate
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
+from experience import zstd
 from experience.dedup.canonical import outcome_of
 from experience.distill.digest import DIGEST_VERSION, RunDigest, instruction_hash
 from experience.distill.selection import exclusion_reason
@@ -59,8 +59,6 @@ from experience.steps import (
     referenced_hashes,
     step_record_from_parts,
 )
-
-_zstd = zstandard.ZstdDecompressor()
 
 LIST_FILTERS = ("task_sets", "task_keys", "models", "harnesses", "sources", "curation", "tags")
 DATE_FILTERS = ("created_after", "created_before")
@@ -514,7 +512,7 @@ def _binary_cursor() -> Iterator[psycopg.Cursor]:
 
 def _decoded(encoding: str, data: bytes | memoryview) -> bytes:
     raw = bytes(data)
-    return _zstd.decompress(raw) if encoding == "zstd" else raw
+    return zstd.decompress(raw) if encoding == "zstd" else raw
 
 
 def _step_record(
