@@ -304,9 +304,16 @@ def _give_up(task: DemoTask, rng: random.Random) -> Episode:
         yield Action("submit", rng.choice(_GIVE_UP))
 
 
+# A wandering episode gives up after this many actions. The built-in harness's step budget (20 by default) ends
+# it first; an external harness has no budget of its own, and Codex or opencode would otherwise wander until
+# the rollout's wall time (hundreds of calls: slow jobs, and tests that hang).
+WANDER_ACTIONS = 40
+
+
 def _wander(task: DemoTask, rng: random.Random, test_cmd: str) -> Episode:
-    """Keep looking around without ever committing to an edit, until the step budget ends the run."""
-    while True:
+    """Keep looking around without ever committing to an edit, until the step budget ends the run or, after
+    `WANDER_ACTIONS`, give up unsolved."""
+    for _ in range(WANDER_ACTIONS):
         roll = rng.random()
         path = rng.choice(sorted(task.files))
         if roll < 0.45:
@@ -319,6 +326,8 @@ def _wander(task: DemoTask, rng: random.Random, test_cmd: str) -> Episode:
             yield Action("explore", "Let me look at the layout again.", rng.choice(_LISTINGS))
         else:
             yield Action("reproduce", "Let me run the tests again to look at the failure.", test_cmd)
+    while True:
+        yield Action("submit", rng.choice(_GIVE_UP))
 
 
 def _unknown_task_episode() -> Episode:
