@@ -7,9 +7,11 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
+from experience.models import Step
 from experience.records import TrajectoryRecord
 from experience.services.ingest import trajectory_open
 from tests.webapp.rollouts.jobs_factories import make_endpoint
+from webapp.proxy.server import ProxyServer
 from webapp.rollouts.models import ModelEndpoint, Rollout, new_rollout_token
 from webapp.rollouts.services import job_create, rollout_finish, rollout_start
 from workers.seed import seed_demo_task_set, seed_local_fleet
@@ -39,3 +41,14 @@ def running_rollout(*, upstream_v1: str = "", key_ref: str = "", endpoint: Model
 
 def finish(rollout: Rollout, status: str = Rollout.Status.SUCCEEDED) -> None:
     assert rollout_finish(rollout_id=rollout.pk, worker=WORKER, status=status)
+
+
+def chat_url(server: ProxyServer, token: str) -> str:
+    """The Chat Completions URL a harness holding `token` calls on `server`."""
+    return f"{server.base_url}/r/{token}/v1/chat/completions"
+
+
+def stored_call_ids(rollout: Rollout) -> list[str]:
+    """The call ids of the rollout's stored model calls, in order."""
+    return list(Step.objects.filter(trajectory_id=rollout.trajectory_id, kind="model_call")
+                .order_by("seq").values_list("call_id", flat=True))

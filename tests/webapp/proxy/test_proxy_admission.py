@@ -9,13 +9,11 @@ from collections.abc import Iterator
 import pytest
 from django.conf import settings as django_settings
 
-from experience.models import Step
 from tests.webapp.proxy.harness import PROXY_TIMEOUT_S, UpstreamState, new_call_id, send
-from tests.webapp.proxy.rollouts import running_rollout
+from tests.webapp.proxy.rollouts import chat_url, running_rollout, stored_call_ids
 from webapp.proxy.recorder import InProcessSink
 from webapp.proxy.server import ProxyServer, serve_in_thread
 from webapp.proxy.wiring import close_and_count_admitted, database_sink, make_trove_proxy_app
-from webapp.rollouts.models import Rollout
 
 pytestmark = [pytest.mark.django_db(transaction=True),
               pytest.mark.skipif(not django_settings.REDIS_URL, reason="admission is counted in Redis")]
@@ -35,15 +33,6 @@ def counting_proxy(settings, tmp_path) -> Iterator[tuple[ProxyServer, InProcessS
     yield server, sink
     server.stop()
     sink.close(10)
-
-
-def chat_url(server: ProxyServer, token: str) -> str:
-    return f"{server.base_url}/r/{token}/v1/chat/completions"
-
-
-def stored_call_ids(rollout: Rollout) -> set[str]:
-    return set(Step.objects.filter(trajectory_id=rollout.trajectory_id, kind="model_call")
-               .values_list("call_id", flat=True))
 
 
 def test_every_admitted_call_is_counted_by_call_id_and_after_the_gate_closes_none_is_admitted_or_recorded(
@@ -87,4 +76,4 @@ def test_while_the_count_cannot_be_kept_a_call_goes_ahead_uncounted_and_is_recor
         sink.close(10)
 
     assert reply.status == 200, "the harness never notices the outage"
-    assert stored_call_ids(rollout) == {call_id}
+    assert set(stored_call_ids(rollout)) == {call_id}

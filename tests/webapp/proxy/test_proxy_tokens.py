@@ -14,7 +14,7 @@ from django.db import connection
 
 from experience.models import Step
 from tests.webapp.proxy.harness import PROXY_TIMEOUT_S, UpstreamState, new_call_id, send
-from tests.webapp.proxy.rollouts import finish, running_rollout
+from tests.webapp.proxy.rollouts import chat_url, finish, running_rollout, stored_call_ids
 from webapp.proxy.recorder import InProcessSink
 from webapp.proxy.server import ProxyServer, serve_in_thread
 from webapp.proxy.tokens import PostgresLookup, ThreadLookup, TokenResolver
@@ -41,15 +41,6 @@ def trove_proxy(request, settings, tmp_path) -> Iterator[tuple[ProxyServer, InPr
     yield server, sink
     server.stop()
     sink.close(10)
-
-
-def chat_url(server: ProxyServer, token: str) -> str:
-    return f"{server.base_url}/r/{token}/v1/chat/completions"
-
-
-def stored_call_ids(rollout: Rollout) -> list[str]:
-    return list(Step.objects.filter(trajectory_id=rollout.trajectory_id, kind="model_call")
-                .order_by("seq").values_list("call_id", flat=True))
 
 
 def test_a_running_rollouts_call_goes_to_its_job_upstream_with_its_key_and_becomes_a_step(
