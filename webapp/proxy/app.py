@@ -357,12 +357,14 @@ class _Proxy:
                                      f"{target.protocol!r}")
         if refusal:
             return await _send(request, call.fail_locally(403, "endpoint_refused", refusal), call)
-        if target.model_override:
+        # A body that already names the job's model goes on as the harness wrote it, byte for byte.
+        forced = bool(target.model_override) and body.get("model") != target.model_override
+        if forced:
             module.set_model(body, target.model_override)
         stream = module.is_stream(body, request.path)
         if upstream is module:
             sent, call.capture = capture_request(body, target.token_capture) if module.NAME == "chat" else (body, None)
-            data = raw if sent is body and (not target.model_override or module is gemini) else jsonfast.dumps(sent)
+            data = raw if sent is body and (not forced or module is gemini) else jsonfast.dumps(sent)
             path = module.upstream_path(body, stream) + _passed_query(request, module)
             return await self._forward(request, target, call, path, data, None)
         try:

@@ -37,6 +37,7 @@ class Seen:
 
     url: str = ""
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    raw_bodies: list[bytes] = field(default_factory=list)
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,7 @@ def seen_upstream() -> Iterator[Seen]:
     async def relay(request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         seen.requests.append((request.path, json.loads(raw)))
+        seen.raw_bodies.append(raw)
         async with aiohttp.ClientSession() as session, session.post(
             demo.base_url + request.path_qs, data=raw, headers={"Content-Type": "application/json"}
         ) as answer:
@@ -112,3 +114,22 @@ def test_a_harness_naming_another_model_reaches_the_upstream_as_the_jobs_model_a
     if client != "chat":  # what the harness sent is kept for replay (a chat request is recorded as forced)
         sent = json.loads(step.response_json["raw_exchange"]["request"])
         assert sent == body and sent.get("model") == (None if client == "gemini" else HARNESS_MODELS[client])
+
+
+@pytest.mark.parametrize("client", ["chat", "responses", "messages"])
+def test_a_body_already_naming_the_jobs_model_reaches_the_upstream_byte_for_byte(
+    trove_proxy, seen_upstream: Seen, client: str
+):
+    server, sink = trove_proxy
+    rollout = running_rollout(endpoint=make_endpoint(seen_upstream.url + BASE_SUFFIX[client], protocol=client,
+                                                     model_names=[JOB_MODEL]))
+    body = {**BODIES[client](1), "model": JOB_MODEL}
+    raw = json.dumps(body, indent=1).encode()  # spacing the proxy's own serialiser would not keep
+    before = len(seen_upstream.raw_bodies)
+
+    reply = post(f"{server.base_url}/r/{rollout.proxy_token}/{CALL_PATHS[client]}", raw=raw, call_id=new_call_id(),
+                 headers=CLAUDE_HEADERS if client == "messages" else None)
+    sink.flush(10)
+
+    assert reply.status == 200, reply.body[:300]
+    assert seen_upstream.raw_bodies[before:] == [raw]
