@@ -19,18 +19,23 @@ def dataset_dir(settings, tmp_path):
     settings.TROVE_DATASET_DIR = tmp_path / "datasets"
 
 
+def label_step(page, seq: int, label: str, note: str) -> None:
+    """Select step `seq` on the open run page and give it `label` with `note` through the label form."""
+    page.locator(f"#step-{seq}").wait_for()
+    page.locator(f"#step-{seq}").click()
+    page.wait_for_function(f"document.getElementById('step-label-seq').value === '{seq}'")
+    page.select_option("#step-label-name", label)
+    page.fill("#step-label-form input[name=note]", note)
+    page.click("#step-label-form button[type=submit]")
+    page.wait_for_selector(f"#step-labels li[data-seq='{seq}'][data-label='{label}']")
+
+
 def test_a_curator_labels_the_selected_step_and_the_build_leaves_the_run_out(logged_in_page, live_server):
     hacked, clean = stored(run_record(task_key="t-1"), run_record(task_key="t-1"))
     page = logged_in_page
 
     page.goto(f"{live_server.url}/trajectories/{hacked}/")
-    page.locator("#step-3").wait_for()
-    page.locator("#step-3").click()
-    page.wait_for_function("document.getElementById('step-label-seq').value === '3'")
-    page.select_option("#step-label-name", "reward-hack")
-    page.fill("#step-label-form input[name=note]", "rewrote the test to pass")
-    page.click("#step-label-form button[type=submit]")
-    page.wait_for_selector("#step-labels li[data-seq='3'][data-label='reward-hack']")
+    label_step(page, 3, "reward-hack", "rewrote the test to pass")
     shot(page, "run-page-step-label.png")
 
     label = Label.objects.get(source="human")
@@ -68,13 +73,7 @@ def test_a_step_label_given_on_the_run_page_appears_in_a_built_dataset_row(logge
     runs = store_tasks([f"task-{n}" for n in range(6)], good=1, bad=1)
     page = logged_in_page
     page.goto(f"{live_server.url}/trajectories/{runs[0].pk}/")
-    page.locator("#step-1").wait_for()
-    page.locator("#step-1").click()
-    page.wait_for_function("document.getElementById('step-label-seq').value === '1'")
-    page.select_option("#step-label-name", "wrong-tool")
-    page.fill("#step-label-form input[name=note]", "grep would have found it")
-    page.click("#step-label-form button[type=submit]")
-    page.wait_for_selector("#step-labels li[data-seq='1'][data-label='wrong-tool']")
+    label_step(page, 1, "wrong-tool", "grep would have found it")
 
     dataset = datasets.dataset_create(name="outcome-labelled", kind="outcome")
     version = datasets.dataset_version_build(version_id=datasets.dataset_version_request(dataset=dataset, force=True).pk)
