@@ -11,6 +11,7 @@ from webapp.fleets.models import EnvironmentTemplate, Fleet
 from webapp.rollouts.endpoints import endpoint_fields_clean
 from webapp.rollouts.models import ModelEndpoint, TaskSet
 from webapp.rollouts.services import taskset_upsert
+from workers.demo.model import TOKEN_CAPTURE as DEMO_TOKEN_CAPTURE
 from workers.demo.tasks import load_demo_tasks
 
 DEMO_TASK_SET = "demo-python-bugfix"
@@ -50,12 +51,15 @@ def seed_local_fleet(*, name: str = DEMO_FLEET, min_warm: int = 2, max_warm: int
 
 
 def seed_demo_endpoint(base_url: str, *, name: str = DEMO_ENDPOINT, model_name: str = DEMO_MODEL_NAME,
-                       description: str = "The offline demo model: a stand-in for a real model server.") -> ModelEndpoint:
+                       description: str = "The offline demo model: a stand-in for a real model server.",
+                       token_capture: str = DEMO_TOKEN_CAPTURE) -> ModelEndpoint:
     """The demo model's endpoint, pointed at `base_url` (its port is chosen when it starts, so this runs each
     time). It listens on loopback, so it is registered the one way that allows it: explicitly, by the admin
-    who runs the demo (allow_private_network). No key. Idempotent."""
+    who runs the demo (allow_private_network). No key. With the token capture the demo model answers, so the
+    demo's runs give exact RL samples; `token_capture="off"` for a server that may not (`--model-url`).
+    Idempotent."""
     fields = endpoint_fields_clean(name=name, base_url=base_url, protocol=ModelEndpoint.Protocol.CHAT,
-                                   model_names=[model_name], allow_private_network=True)
+                                   model_names=[model_name], allow_private_network=True, token_capture=token_capture)
     endpoint, _ = ModelEndpoint.objects.update_or_create(name=name, defaults={**fields, "description": description})
     return endpoint
 

@@ -53,6 +53,10 @@ _CHUNK_DELAY = web.AppKey("chunk_delay_s", float)
 _GENERATIONS = web.AppKey("generations", object)
 _WEIGHT_VERSION = web.AppKey("weight_version", object)
 WEIGHT_VERSION_HEADER = "X-Weight-Version"
+# The token capture the demo model answers (ModelEndpoint.token_capture, webapp/proxy/capture.py): vLLM's
+# fields, so the demo's endpoint asks for token ids and its runs give exact RL samples. It answers SGLang's
+# too; one is enough, and vLLM's is what most RL stacks run.
+TOKEN_CAPTURE = "vllm"
 
 
 _BadRequest = wire.BadRequest

@@ -2,7 +2,9 @@
 
 The demo model is an offline stand-in for a real model server; any OpenAI-compatible base URL works in
 its place (`--model-url`). Either is registered as a model endpoint (`demo-model`, `demo-external`) with
-private addresses allowed: whoever runs `manage.py demo` administers this Trove.
+private addresses allowed: whoever runs `manage.py demo` administers this Trove. The demo model's endpoint has
+token capture on (`token_capture: vllm`, which the demo model answers), so the job's runs are exact RL samples;
+a `--model-url` server's has it off.
 
 `--harness NAME[@VERSION]` runs the job with a preset of the harness catalogue (Claude Code, Codex, opencode,
 mini-swe-agent, ...) instead of the built-in loop: its bundle is installed first if it is not yet (progress
@@ -108,8 +110,10 @@ class Command(BaseCommand):
     @staticmethod
     def _endpoint(stack, options):
         if options["model_url"]:
+            # Token capture off: an arbitrary OpenAI-compatible server may refuse vLLM's extra fields.
             return seed_demo_endpoint(options["model_url"], name="demo-external", model_name=options["model_name"],
-                                      description="The model server `manage.py demo --model-url` was given.")
+                                      description="The model server `manage.py demo --model-url` was given.",
+                                      token_capture="off")
         return seed_demo_endpoint(demo_model_v1(stack.demo_model_url), model_name=options["model_name"])
 
     @staticmethod
