@@ -11,8 +11,10 @@ tail -20`); for those, shlex's words are the maximal runs of punctuation charact
 other non-whitespace characters (its whitespace is ` \\t\\r\\n` only), which one regular expression finds.
 Balanced quotes without escapes (`sed -i 's/a(/b(/' x.py`, `python -c "import a"`) are read by a second
 expression: a word is then a run of unquoted characters and whole quoted strings, with the quotes dropped.
-Anything else (an escape, a comment, an unclosed quote) goes to shlex. Results are cached per distinct
-command string: agents rerun the same commands, and a build reads each run's.
+A comment (`#`) in a text with no quote or escape ends the word it interrupts and runs to the end of its
+line, as shlex reads it (even mid-word: `a#b` is `a`), so it is cut out before the plain split. Anything
+else (an escape, a comment beside a quote, an unclosed quote) goes to shlex. Results are cached per
+distinct command string: agents rerun the same commands, and a build reads each run's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ import shlex
 # Characters that change shlex's words beyond the plain split: quotes, the escape, the comment start.
 _NOT_PLAIN = re.compile(r"['\"\\#]")
 _NEEDS_SHLEX = re.compile(r"[\\#]")
+_QUOTE_OR_ESCAPE = re.compile(r"['\"\\]")
+# A comment as shlex reads one: from `#` to the end of its line (its readline stops at \n only).
+_COMMENT = re.compile(r"#[^\n]*")
 # shlex's words when none of those occurs: runs of its punctuation characters, runs of anything else
 # that is not its whitespace.
 _PLAIN_WORD = re.compile(r"[();<>|&]+|[^ \t\r\n();<>|&]+")
@@ -43,6 +48,8 @@ def split_words(text: str) -> list[str]:
 def _cached_words(text: str) -> tuple[str, ...]:
     if _NOT_PLAIN.search(text) is None:
         return tuple(_PLAIN_WORD.findall(text))
+    if _QUOTE_OR_ESCAPE.search(text) is None:  # then it holds a comment, and nothing else shlex reads
+        return tuple(_PLAIN_WORD.findall(_COMMENT.sub("", text)))
     if _NEEDS_SHLEX.search(text) is None:
         words = _quoted_words(text)
         if words is not None:

@@ -79,3 +79,17 @@ def test_split_words_drops_quotes_and_keeps_quoted_operators_in_the_word():
         "sed", "-i", "s/a(/b(/", "x.py", "&&", "python", "-c", "import a; a.b()",
     ]  # fmt: skip
     assert split_words("echo '' \"\" x''y") == ["echo", "", "", "xy"]
+
+
+def test_split_words_matches_shlex_on_random_commands_with_comments():
+    # Comments without quotes or escapes: cut out before the plain split, mid-word and across lines too.
+    alphabet = "abc01 \t\n\r;&|<>()-./=*\u00a0\x0b\x85\u2028" + "###"
+    chooser = random.Random(13)
+    for _ in range(3000):
+        command = "".join(chooser.choice(alphabet) for _ in range(chooser.randint(0, 40)))
+        assert split_words(command) == shlex_words(command), command
+
+
+def test_split_words_ends_a_word_at_a_comment_and_reads_the_next_line():
+    assert split_words("ls -la # 3.7\npytest a#b|c\r# x\ntail") == ["ls", "-la", "pytest", "a", "tail"]
+    assert split_words("make&&#done\nx") == ["make", "&&", "x"]
