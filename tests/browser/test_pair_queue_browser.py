@@ -7,7 +7,7 @@ import pytest
 
 from experience.models import PairwisePreference
 from tests.browser.test_review_jobs import shot
-from tests.browser.test_review_queue import curator_page
+from tests.browser.test_review_queue import curator_page, press
 from tests.experience.services.store_factories import run_record, stored
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -28,24 +28,24 @@ def test_two_curators_share_a_pairwise_queue_with_the_keyboard(browser, live_ser
     ann.click("#make-pair-queue")
     ann.wait_for_selector("#messages >> text=3 pairs")
     queue_url = ann.url
-    ann.keyboard.press("n")
+    press(ann, "n")
     anns = held_pair(ann)
     bob.goto(queue_url)
-    bob.keyboard.press("n")
+    press(bob, "n")
     bobs = held_pair(bob)
     assert set(anns) != set(bobs)
 
-    ann.keyboard.press("w")
+    press(ann, "w")
     ann.keyboard.type("A ran the tests before finishing")
-    ann.keyboard.press("Enter")  # Enter in the reason chooses nothing
-    ann.keyboard.press("Escape")
+    press(ann, "Enter")  # Enter in the reason chooses nothing
+    press(ann, "Escape")
     shot(ann, "pair-queue-ann.png")
-    ann.keyboard.press("1")
+    press(ann, "1")
     ann.wait_for_selector(f"#messages >> text=Run {anns[0]} preferred to run {anns[1]}.")
-    bob.keyboard.press("w")
+    press(bob, "w")
     bob.keyboard.type("B is shorter")
-    bob.keyboard.press("Escape")
-    bob.keyboard.press("2")
+    press(bob, "Escape")
+    press(bob, "2")
     bob.wait_for_selector(f"#messages >> text=Run {bobs[1]} preferred to run {bobs[0]}.")
 
     assert set(PairwisePreference.objects.values_list("chosen_id", "rejected_id", "actor__username")) == {

@@ -46,4 +46,7 @@
   steps.forEach((li, i) => li.addEventListener("click", () => show(i)));
   const linked = window.location.hash.match(/step-(\d+)/);
   if (linked) show(steps.findIndex((li) => li.dataset.seq === linked[1]));
+  // The keys work from here on: the page is usable before this script has run (it loads last), and a key
+  // pressed earlier does nothing. Tests wait for this mark, as the run page's wait for data-run-ready.
+  document.body.dataset.keysReady = "1";
 })();
