@@ -9,8 +9,8 @@ and dotted names split as SEPARATORS does on Postgres), folds case and, like Pos
 configuration, keeps diacritics.
 
 Beware: Django remakes a SQLite table to alter one of its columns, and dropping the old table drops these
-triggers. A later migration that alters experience_step must run TRIGGERS again (and FILL into an emptied
-index).
+triggers. experience.search_fts_guard runs TRIGGERS again (and FILL into an emptied index) after every
+migrate that left one missing; it reads the statements from this module.
 """
 
 from django.db import migrations
