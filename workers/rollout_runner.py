@@ -55,12 +55,13 @@ from experience.services.ingest import (
 from webapp.fleets.errors import StaleFencingToken
 from webapp.fleets.models import EnvironmentTemplate, Fleet
 from webapp.fleets.services import relaxed_commit
+from webapp.proxy.admission import GateCount
 from webapp.proxy.wiring import close_and_count_admitted, ingest_pending_records
 from webapp.rollouts import services as rollout_services
 from webapp.rollouts.models import Rollout
 from workers import eval_integrity, fleet_ops
 from workers.harness import external
-from workers.harness.builtin import openai_chat, run_builtin_harness
+from workers.harness.builtin import STEP_BUDGET, openai_chat, run_builtin_harness
 from workers.harness.presets import rollout as preset_rollout
 from workers.sandboxes.base import ExecResult, SandboxError
 from workers.sandboxes.bwrap import PROXY_PORT
@@ -78,9 +79,10 @@ PROXY_RECORD_WAIT_S = 15.0
 INGEST_SLICE_S = 0.02
 CATCH_UP_SLICE_S, CATCH_UP_IDLE_S = 0.2, 0.2  # the catch-up thread: one drain of the stream, the pause after
 CATCH_UP_KEEP_S = 0.5  # ... and how long it keeps its connection with no rollout in a harness (between rollouts)
-# An external harness does not say how many calls it made. On the full stack the proxy counts the calls it
-# admits (webapp/proxy/admission.py) and the runner waits for exactly that many; without Redis its calls are
-# taken as all recorded once the count has not moved for this long after it exited (the proxy queues a
+# An external harness does not say how many calls it made. The proxy counts the calls it admits
+# (webapp/proxy/admission.py: in Redis, or in this process for the embedded proxy) and the runner waits for
+# exactly that many; when the count is unknown its calls are taken as all recorded once the count of stored
+# calls has not moved for this long after it exited (the proxy queues a
 # call's record as soon as it has sent the answer, so what is left to cover is the record's way to the
 # store: the sink's batching).
 PROXY_RECORD_QUIET_S = 1.0
@@ -384,29 +386,34 @@ class Attempt:
             kill=lambda script: _kill_quietly(lease, script),
             should_stop=self.heartbeat.lost.is_set,
         )
-        calls = _settled_model_calls(self.trajectory_id, rollout.proxy_token)
+        calls, refused = _settled_model_calls(self.trajectory_id, rollout.proxy_token)
         self.model_calls = len(calls)
         self.account_external(outcome, calls)
+        # The proxy refused a call past the job's step budget: that, not how the harness took it, ended the run.
+        reason = STEP_BUDGET if refused and not outcome.cancelled else outcome.reason
         self.record(_harness_step(launch.display if launch else job.harness_command, outcome,
-                                  _external_base_url(job.fleet), len(calls), harness=job.harness))
+                                  _external_base_url(job.fleet), len(calls), harness=job.harness, reason=reason))
         if outcome.cancelled:
             raise RolloutCancelled(f"rollout {rollout.pk} was taken away while its harness ran; harness killed")
         failure = _external_failure(outcome, calls)
         if failure is None and launch is not None:
-            failure = self.judge_preset(launch, outcome, len(calls))
+            failure = self.judge_preset(launch, outcome, len(calls), budget_spent=bool(refused))
         if failure is not None:
             raise failure
-        self.record(StepRecord(kind="note", started_at=now(), text=f"harness ended: {outcome.reason}",
-                               payload={"reason": outcome.reason, "steps": len(calls),
-                                        "exit_code": outcome.result.exit_code}))
+        self.record(_harness_end_note(reason, outcome, len(calls), refused, job.max_steps))
         return len(calls)
 
-    def judge_preset(self, launch, outcome: external.ExternalOutcome, calls: int) -> InfraFailure | None:
+    def judge_preset(self, launch, outcome: external.ExternalOutcome, calls: int, *,
+                     budget_spent: bool = False) -> InfraFailure | None:
         """Collect the preset's native logs (kept beside the proxy's records), then its verdict: a harness
-        that never reached the model, exited with an error or whose own tools failed is infra, not data."""
+        that never reached the model, exited with an error or whose own tools failed is infra, not data.
+        One the proxy stopped at the step budget used the agent's budget (as one stopped at the wall time
+        does): evaluated, however it reported the refused call."""
         files = preset_rollout.collect_native_logs(launch.preset, lambda script, cap: self.exec(
             script, timeout=60, max_output=cap, reason="collect native logs"))
         self.record(preset_rollout.native_log_step(launch, files))
+        if budget_spent:
+            return None
         message = preset_rollout.failure(launch, outcome.result, files, calls)
         return InfraFailure(message, reason="harness_failed") if message else None
 
@@ -664,13 +671,16 @@ def _kill_quietly(lease: fleet_ops.Lease, script: str) -> None:
         log.info("could not kill the harness in %s: %s", lease.sandbox.name, error)
 
 
-def _settled_model_calls(trajectory_id: int, token: str) -> list[dict]:
-    """The trajectory's model calls once all of the harness's calls are stored. On the full stack the
-    attempt's token is closed first and the proxy's count of the calls it admitted read in the same step
-    (admission.py), then the store is caught up until it holds that many; elsewhere, when Redis cannot
-    answer, or when more calls are stored than counted (the proxy let calls through uncounted while Redis
-    was down), the count is taken as settled once it stopped moving for PROXY_RECORD_QUIET_S."""
-    admitted = _admitted_calls(token)
+def _settled_model_calls(trajectory_id: int, token: str) -> tuple[list[dict], int]:
+    """The trajectory's model calls once all of the harness's calls are stored, and how many calls the
+    proxy refused past the job's step budget. The attempt's token is closed first and the proxy's count of
+    the calls it admitted read in the same step (admission.py: in Redis, or in this process when the
+    embedded proxy runs here), then the store is caught up until it holds that many; when the count is
+    unknown (Redis cannot answer, the proxy runs elsewhere without Redis), or when more calls are stored than
+    counted (the proxy let calls through uncounted while Redis was down), the count is taken as settled once
+    it stopped moving for PROXY_RECORD_QUIET_S."""
+    gate = _admitted_calls(token)
+    admitted = None if gate is None else gate.admitted
     calls = Step.objects.filter(trajectory_id=trajectory_id, kind="model_call")
     deadline = time.monotonic() + PROXY_RECORD_WAIT_S
     count, quiet_since = -1, time.monotonic()
@@ -695,13 +705,12 @@ def _settled_model_calls(trajectory_id: int, token: str) -> list[dict]:
         log.warning("trajectory %s: the proxy's records were not all stored within %ss (admitted: %s)",
                     trajectory_id, PROXY_RECORD_WAIT_S, admitted)
     rows = calls.order_by("started_at", "seq")
-    return [dict(row) for row in rows.values("call_id", "is_error", "payload", "duration_ms")]
+    return [dict(row) for row in rows.values("call_id", "is_error", "payload", "duration_ms")], (
+        gate.refused if gate is not None else 0)
 
 
-def _admitted_calls(token: str) -> int | None:
-    """How many calls the proxy admitted for this attempt, its token closed to more; None when unknown."""
-    if not settings.REDIS_URL:
-        return None
+def _admitted_calls(token: str) -> GateCount | None:
+    """What the proxy admitted and refused for this attempt, its token closed to more; None when unknown."""
     try:
         return close_and_count_admitted(token)
     except redis.RedisError as exc:
@@ -727,12 +736,23 @@ def _external_failure(outcome: external.ExternalOutcome, calls: list[dict]) -> I
     return InfraFailure(failure.message, reason="model_error", permanent=failure.permanent)
 
 
+def _harness_end_note(reason: str, outcome: external.ExternalOutcome, calls: int, refused: int,
+                      max_steps: int) -> StepRecord:
+    text = f"harness ended: {reason}"
+    if refused:
+        text += (f" (the job's step budget of {max_steps} model calls was spent: the proxy refused "
+                 f"{refused} more call(s), forwarded none of them; the harness then {outcome.reason})")
+    return StepRecord(kind="note", started_at=now(), text=text,
+                      payload={"reason": reason, "steps": calls, "exit_code": outcome.result.exit_code,
+                               "refused_calls": refused})
+
+
 def _harness_step(command: str, outcome: external.ExternalOutcome, proxy_url: str, calls: int, *,
-                  harness: str = "external") -> StepRecord:
-    result = outcome.result
+                  harness: str = "external", reason: str | None = None) -> StepRecord:
+    result, reason = outcome.result, reason or outcome.reason
     step = _command_step(command, result, outcome.started_at, outcome.ended_at)
-    step.text = f"{harness} harness: {outcome.reason} after {result.duration_ms / 1000:.1f}s, {calls} model call(s)"
-    step.payload.update({"harness": harness, "reason": outcome.reason, "model_calls": calls,
+    step.text = f"{harness} harness: {reason} after {result.duration_ms / 1000:.1f}s, {calls} model call(s)"
+    step.payload.update({"harness": harness, "reason": reason, "model_calls": calls,
                          # the token is a credential while the rollout runs: not in the record
                          "base_url": f"{proxy_url}/r/<token>/v1"})
     return step

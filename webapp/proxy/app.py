@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import itertools
 import logging
 import os
@@ -66,6 +67,7 @@ from webapp.proxy.records import CallRecord
 log = logging.getLogger(__name__)
 
 CALL_ID_HEADER = "X-Trove-Call-Id"
+STEP_BUDGET_CODE = "step_budget_exhausted"
 _CALL_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # The upstream's response headers a harness gets: what its protocol needs (the body's type, request ids,
 # the rate-limit and retry hints SDKs act on). Everything else stays behind: cookies, server internals,
@@ -117,12 +119,22 @@ class Target:
     # the policy version (header:NAME, body:path, or '').
     token_capture: str = "off"
     policy_version_from: str = ""
+    # The job's step budget, held here for a harness that takes no turn limit of its own: the attempt's call
+    # max_calls + 1 and later are refused, not forwarded. 0: no limit at the proxy (the built-in harness
+    # counts its own turns).
+    max_calls: int = 0
+
+
+class Admission(enum.Enum):
+    ADMITTED = "admitted"
+    GATE_CLOSED = "gate_closed"  # the attempt's harness has exited: its token admits nothing more
+    BUDGET_SPENT = "budget_spent"  # the attempt made its max_calls calls already
 
 
 Resolve = Callable[[str], Awaitable[Target | None]]
-# (token, call id) -> whether the call may go ahead: counted where its runner reads it (admission.py); False once
-# the attempt's harness has exited. Raises when the count cannot be kept (the call goes ahead uncounted).
-Admit = Callable[[str, str], Awaitable[bool]]
+# (token, call id, max calls or 0) -> whether the call may go ahead, counted where its runner reads it
+# (admission.py). Raises when the count cannot be kept (the call goes ahead uncounted).
+Admit = Callable[[str, str, int], Awaitable[Admission]]
 
 
 def make_proxy_app(
@@ -314,14 +326,16 @@ class _Proxy:
             self._record(call)
 
     async def _admission(self, request: web.Request, call: _Call) -> web.Response | None:
-        """None when the call may go ahead, else the answer: 401 once the attempt's harness has exited. While
+        """None when the call may go ahead, else the answer: 401 once the attempt's harness has exited, 403
+        once its step budget is spent (neither is recorded: the policy's call never reached the model). While
         the count cannot be kept (Redis down) the call goes ahead uncounted: a harness never notices the
         outage, and its runner, finding more calls stored than counted, waits for quiet instead. A client gone
         while the count was taken leaves a counted call: it is recorded as failed, as its runner waits for
         every counted call's record."""
         if self._admit is None:
             return None
-        counting = asyncio.ensure_future(self._admit(request.match_info["token"], call.call_id))
+        counting = asyncio.ensure_future(self._admit(request.match_info["token"], call.call_id,
+                                                     call.target.max_calls))
         try:
             admitted = await asyncio.shield(counting)
         except asyncio.CancelledError:
@@ -333,7 +347,9 @@ class _Proxy:
             log.warning("rollout %s: a call goes ahead uncounted, the count cannot be kept: %r",
                         call.target.rollout_id, exc)
             return None
-        return None if admitted else _unknown_token()
+        if admitted is Admission.BUDGET_SPENT:
+            return _budget_spent(call)
+        return None if admitted is Admission.ADMITTED else _unknown_token()
 
     async def _handle_call(self, request: web.Request, target: Target, call: _Call) -> web.StreamResponse:
         module = PROTOCOLS[call.protocol]
@@ -429,12 +445,22 @@ class _Proxy:
             log.exception("could not record call %s", call.call_id)
 
 
-async def _settled(counting: asyncio.Future[bool]) -> bool:
+async def _settled(counting: asyncio.Future[Admission]) -> bool:
     """Whether a call whose handler was cancelled mid-admission was counted."""
     try:
-        return bool(await counting)
+        return await counting is Admission.ADMITTED
     except Exception:
         return False
+
+
+def _budget_spent(call: _Call) -> web.Response:
+    """The refusal of a call past the job's step budget, in the harness's own protocol. 403, not 429: SDKs
+    and CLI agents retry a 429 (some for minutes), while no retry can help here; `x-should-retry: false`
+    says so to the OpenAI and Anthropic SDKs."""
+    message = (f"the job's step budget of {call.target.max_calls} model calls is spent: the proxy forwards no "
+               f"more calls for this rollout")
+    return web.json_response(PROTOCOLS[call.protocol].error_body(STEP_BUDGET_CODE, message), status=403,
+                             headers={"x-should-retry": "false"})
 
 
 async def _relay_stream(

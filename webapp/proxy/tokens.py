@@ -42,8 +42,9 @@ QUERY_TIMEOUT_S = 10.0  # past this the calls waiting get 503 rather than hang w
 CONNECT_TIMEOUT_S = 5
 _Answer = Target | None | Exception
 # token hash, rollout id, trajectory id, the job's endpoint: base URL, key reference, private network
-# allowed, name, protocol; the job's model name; the endpoint's token capture and policy version source
-Row = tuple[str, int, int, str, str, bool, str, str, str, str, str]
+# allowed, name, protocol; the job's model name; the endpoint's token capture and policy version source; the
+# job's harness and max steps
+Row = tuple[str, int, int, str, str, bool, str, str, str, str, str, str, int]
 
 
 class Lookup(Protocol):
@@ -121,13 +122,14 @@ class TokenResolver:
 
     def _target(self, token_hash: str, rollout_id: int, trajectory_id: int, base_url: str, key_ref: str,
                 allow_private_network: bool, endpoint: str, protocol: str, model_name: str, token_capture: str = "off",
-                policy_version_from: str = "") -> Target:
+                policy_version_from: str = "", harness: str = "builtin", max_steps: int = 0) -> Target:
         # The job's model is forced on every call: a harness sends whatever model its config or its own
         # defaults name (Claude Code asks for a small model for side tasks), and the job pins one.
         target = Target(rollout_id=str(rollout_id), trajectory_id=str(trajectory_id), upstream_base_url=base_url,
                         allow_private_network=bool(allow_private_network), endpoint=endpoint, protocol=protocol,
                         model_override=model_name or None, token_capture=token_capture or "off",
-                        policy_version_from=policy_version_from or "")
+                        policy_version_from=policy_version_from or "",
+                        max_calls=_max_calls(harness, max_steps))
         try:
             key = self._keys.get(key_ref)
         except Exception as exc:  # one endpoint's unreadable key must not fail other jobs' calls
@@ -136,6 +138,13 @@ class TokenResolver:
             log.error("rollout %s: endpoint %s: cannot use its key: %s", rollout_id, endpoint, message)
             return replace(target, refusal=f"endpoint {endpoint!r} cannot be used: {message}")
         return replace(target, upstream_api_key=key)
+
+
+def _max_calls(harness: str, max_steps: int) -> int:
+    """The job's step budget as the proxy holds it: for every external harness (a preset or a command), whether
+    or not it takes a turn limit of its own. Not for the built-in harness: it counts its own turns, and the
+    retries of a failed call it makes would count here too."""
+    return 0 if harness == "builtin" else int(max_steps or 0)
 
 
 def default_lookup() -> Lookup:
@@ -235,7 +244,7 @@ def _running_rollouts_sql(count: int) -> str:
 
     return (f"SELECT {r('token')}, {r('id')}, {r('trajectory')}, {e('base_url')}, {e('key_ref')}, "
             f"{e('allow_private_network')}, {e('name')}, {e('protocol')}, {j('model_name')}, "
-            f"{e('token_capture')}, {e('policy_version_from')} "
+            f"{e('token_capture')}, {e('policy_version_from')}, {j('harness')}, {j('max_steps')} "
             f"FROM {q(Rollout._meta.db_table)} r JOIN {q(RolloutJob._meta.db_table)} j ON {j('id')} = {r('job')} "
             f"JOIN {q(ModelEndpoint._meta.db_table)} e ON {e('id')} = {j('endpoint')} "
             f"WHERE {r('status')} = %s AND {r('trajectory')} IS NOT NULL "

@@ -28,7 +28,7 @@ from django.db import connection
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from webapp.proxy.admission import RedisAdmissions, close_and_count
+from webapp.proxy.admission import GateCount, RedisAdmissions, close_and_count, local_admissions
 from webapp.proxy.app import make_proxy_app
 from webapp.proxy.locations import proxy_spool_dir, proxy_stream
 from webapp.proxy.recorder import InProcessSink, RecordSink, RedisStreamSink, consume_stream
@@ -59,21 +59,28 @@ def make_trove_proxy_app(
     """
     resolver = resolver or TokenResolver()
     sink = sink or default_sink()
-    # Full stack: each call is counted before it is forwarded, so a rollout runner knows exactly how many
-    # records to wait for once its harness has exited (admission.py).
+    # Each call is counted before it is forwarded, so a rollout runner knows exactly how many records to wait
+    # for once its harness has exited, and the job's step budget holds (admission.py): in Redis on the full
+    # stack, in this process in the embedded default.
     admissions = RedisAdmissions(settings.REDIS_URL, prefix=proxy_stream()) if settings.REDIS_URL else None
-    app_options.setdefault("admit", admissions.admit if admissions else None)
+    app_options.setdefault("admit", admissions.admit if admissions else local_admissions.admit)
     app = make_proxy_app(resolve=resolver.resolve, sink=sink, **app_options)
     app[TOKEN_RESOLVER] = resolver
     app.on_cleanup.append(resolver.aclose)
     if admissions is not None:
         app.on_cleanup.append(admissions.aclose)
+    elif app_options["admit"] == local_admissions.admit:
+        app.on_startup.append(local_admissions.serve)
+        app.on_cleanup.append(local_admissions.unserve)
     return app, sink
 
 
-def close_and_count_admitted(token: str) -> int:
+def close_and_count_admitted(token: str) -> GateCount | None:
     """Close the rollout attempt's gate (its token admits no more calls) and return how many distinct calls
-    the proxy admitted for it. Full stack only; raises redis.RedisError when Redis cannot answer."""
+    the proxy admitted for it and how many its step budget refused. Full stack: in Redis (raises
+    redis.RedisError when Redis cannot answer); embedded: in this process, None when no proxy runs here."""
+    if not settings.REDIS_URL:
+        return local_admissions.close_and_count(token)
     return close_and_count(redis_client(settings.REDIS_URL), token, prefix=proxy_stream())
 
 

@@ -19,14 +19,17 @@ from workers.seed import seed_demo_task_set, seed_local_fleet
 WORKER = "proxy-test-worker"
 
 
-def running_rollout(*, upstream_v1: str = "", key_ref: str = "", endpoint: ModelEndpoint | None = None) -> Rollout:
+def running_rollout(*, upstream_v1: str = "", key_ref: str = "", endpoint: ModelEndpoint | None = None,
+                    **job_options) -> Rollout:
     """A running rollout of a new one-rollout job whose model endpoint is `endpoint`, or a new one at
-    `upstream_v1` (registered with loopback allowed: the scripted upstreams listen there)."""
+    `upstream_v1` (registered with loopback allowed: the scripted upstreams listen there). `job_options`
+    go to the job (harness, max_steps, ...)."""
     endpoint = endpoint or make_endpoint(upstream_v1, model_names=["scripted-ok"], key_ref=key_ref)
     fleet = seed_local_fleet(name=f"proxy-{uuid.uuid4().hex[:8]}", min_warm=0, max_warm=1, max_total=1)
     task_set = seed_demo_task_set()
     job = job_create(task_set=task_set, fleet=fleet, endpoint=endpoint, model_name="scripted-ok",
-                     task_keys=[task_set.tasks.order_by("key").first().key], enqueue=lambda rollout_id: None)
+                     task_keys=[task_set.tasks.order_by("key").first().key], enqueue=lambda rollout_id: None,
+                     **job_options)
     rollout = rollout_start(rollout_id=job.rollouts.get().pk, worker=WORKER)
     assert rollout is not None
     trajectory = trajectory_open(rollout_runner=True, record=TrajectoryRecord(

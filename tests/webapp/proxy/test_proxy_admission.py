@@ -11,6 +11,7 @@ from django.conf import settings as django_settings
 
 from tests.webapp.proxy.harness import PROXY_TIMEOUT_S, UpstreamState, new_call_id, send
 from tests.webapp.proxy.rollouts import chat_url, running_rollout, stored_call_ids
+from webapp.proxy.admission import GateCount
 from webapp.proxy.recorder import InProcessSink
 from webapp.proxy.server import ProxyServer, serve_in_thread
 from webapp.proxy.wiring import close_and_count_admitted, database_sink, make_trove_proxy_app
@@ -47,7 +48,7 @@ def test_every_admitted_call_is_counted_by_call_id_and_after_the_gate_closes_non
     refused = send(chat_url(server, rollout.proxy_token), raw=b"[1]", call_id=new_call_id())
     assert refused.status == 400  # admitted, answered by the proxy, recorded: counted
 
-    assert close_and_count_admitted(rollout.proxy_token) == 3
+    assert close_and_count_admitted(rollout.proxy_token) == GateCount(admitted=3, refused=0)
     forwarded = len(upstream.requests)
     late = send(chat_url(server, rollout.proxy_token), body=BODY, call_id=new_call_id())
     sink.flush(10)
@@ -55,10 +56,10 @@ def test_every_admitted_call_is_counted_by_call_id_and_after_the_gate_closes_non
     assert late.status == 401, "a process the harness left behind cannot sneak a call in after the count"
     assert len(upstream.requests) == forwarded
     assert len(stored_call_ids(rollout)) == 3
-    assert close_and_count_admitted(rollout.proxy_token) == 0, "the count was read once, and nothing since"
+    assert close_and_count_admitted(rollout.proxy_token) == GateCount(0, 0), "the count was read once, and nothing since"
     # another attempt (its own token) is not touched by this one's gate
     assert send(chat_url(server, successor.proxy_token), body=BODY, call_id=new_call_id()).status == 200
-    assert close_and_count_admitted(successor.proxy_token) == 1
+    assert close_and_count_admitted(successor.proxy_token) == GateCount(1, 0)
 
 
 def test_while_the_count_cannot_be_kept_a_call_goes_ahead_uncounted_and_is_recorded(
