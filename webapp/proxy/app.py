@@ -27,7 +27,9 @@ express itself are the proxy's own, in the client's protocol: 504 when the upstr
 not be used: its key reference is not allowed or not readable, or its address is loopback, link-local or
 private without `allow_private_network` (checked on every address a connection uses,
 webapp/proxy/addresses.py). The record (normalised to Chat Completions, with the raw bytes beside it) is
-handed to the sink after the response has been sent.
+handed to the sink after the response has been sent. Before any of that, `admit` counts the call for its
+runner and holds the job's step budget (webapp/proxy/admission.py): a call past it is answered 403
+(`step_budget_exhausted`, in the client's protocol), not forwarded and not recorded.
 """
 
 from __future__ import annotations
