@@ -18,6 +18,7 @@ import json
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from workers.sandboxes.agent import GREETING, MAC_HEX_LENGTH, REQUEST_CONTEXT, RESPONSE_CONTEXT, split_signed
@@ -54,11 +55,12 @@ class AgentClient:
         max_output: int = 64 * 1024,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
+        before_send: Callable[[], None] | None = None,
     ) -> ExecResult:
         fields = {"cmd": cmd, "timeout": timeout, "idle_timeout": idle_timeout, "max_output": max_output,
                   "cwd": cwd, "env": env}
         # The agent enforces `timeout`; waiting a margin longer only guards against a hung agent.
-        reply = self.call("exec", fields, wait=timeout + REPLY_MARGIN)
+        reply = self.call("exec", fields, wait=timeout + REPLY_MARGIN, before_send=before_send)
         return ExecResult(
             exit_code=reply.get("exit_code"),
             stdout=reply.get("stdout", ""),
@@ -72,16 +74,24 @@ class AgentClient:
     def read_file(self, path: str, *, timeout: float = 30.0) -> bytes:
         return base64.b64decode(self.call("read_file", {"path": path}, wait=timeout)["content_b64"])
 
-    def write_file(self, path: str, content: bytes, *, timeout: float = 30.0) -> None:
-        self.call("write_file", {"path": path, "content_b64": base64.b64encode(content).decode()}, wait=timeout)
+    def write_file(self, path: str, content: bytes, *, timeout: float = 30.0,
+                   before_send: Callable[[], None] | None = None) -> None:
+        self.call("write_file", {"path": path, "content_b64": base64.b64encode(content).decode()}, wait=timeout,
+                  before_send=before_send)
 
-    def call(self, op: str, fields: dict[str, Any], *, wait: float) -> dict[str, Any]:
+    def call(self, op: str, fields: dict[str, Any], *, wait: float,
+             before_send: Callable[[], None] | None = None) -> dict[str, Any]:
         """Send one signed request and return the agent's verified reply (`ok` true), or raise a typed error.
-        `wait` bounds each socket operation of the exchange after the greeting."""
+        `wait` bounds each socket operation of the exchange after the greeting. `before_send` (a caller's
+        check, e.g. the lease's fence) runs once the connection is open and before anything is sent: the
+        agent's greeting travels while it runs, and if it raises nothing is sent (the agent drops a
+        connection that says nothing)."""
         body = json.dumps({"op": op, "nonce": secrets.token_hex(16), **fields}).encode()
         started = time.monotonic()
         try:
             with self._connect() as sock:
+                if before_send is not None:
+                    before_send()
                 reader = _LineReader(sock)
                 sock.settimeout(max(self.connect_timeout, 0.1))
                 nonce = self._greeting_nonce(reader.line(MAX_GREETING_BYTES))

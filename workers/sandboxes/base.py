@@ -23,6 +23,7 @@ crosses the wire): the agent greets with a nonce, the host sends `<mac> <request
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,15 +139,20 @@ class SandboxBackend(abc.ABC):
         max_output: int = 64 * 1024,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
+        before_send: Callable[[], None] | None = None,
     ) -> ExecResult:
         """Run `cmd` with bash in the workspace. A timeout kills the command's process group, not the
-        sandbox. Output beyond `max_output` bytes per stream is cut and counted in `truncated_bytes`."""
+        sandbox. Output beyond `max_output` bytes per stream is cut and counted in `truncated_bytes`.
+        `before_send` runs once the agent's connection is open, before the request is sent; if it raises,
+        nothing reaches the sandbox (the lease's fence check overlaps the connection's set-up this way)."""
 
     @abc.abstractmethod
     def read_file(self, handle: SandboxHandle, path: str) -> bytes: ...
 
     @abc.abstractmethod
-    def write_file(self, handle: SandboxHandle, path: str, content: bytes) -> None: ...
+    def write_file(self, handle: SandboxHandle, path: str, content: bytes, *,
+                   before_send: Callable[[], None] | None = None) -> None:
+        """Write `content` to `path` in the workspace; `before_send` as for exec."""
 
     @abc.abstractmethod
     def destroy(self, name: str) -> None:

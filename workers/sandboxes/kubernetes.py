@@ -347,15 +347,17 @@ class KubernetesBackend(SandboxBackend):
         max_output: int = 64 * 1024,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
+        before_send: Callable[[], None] | None = None,
     ) -> ExecResult:
         return self._agent(handle).exec(cmd, timeout=timeout, idle_timeout=idle_timeout, max_output=max_output,
-                                        cwd=cwd, env=env)
+                                        cwd=cwd, env=env, before_send=before_send)
 
     def read_file(self, handle: SandboxHandle, path: str) -> bytes:
         return self._agent(handle).read_file(path)
 
-    def write_file(self, handle: SandboxHandle, path: str, content: bytes) -> None:
-        self._agent(handle).write_file(path, content)
+    def write_file(self, handle: SandboxHandle, path: str, content: bytes, *,
+                   before_send: Callable[[], None] | None = None) -> None:
+        self._agent(handle).write_file(path, content, before_send=before_send)
 
     def destroy(self, name: str) -> None:
         """Delete the pod, then its secret. Idempotent. Returns once the API server has accepted the

@@ -70,6 +70,7 @@ import stat
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -218,15 +219,17 @@ class LocalBackend(SandboxBackend):
         max_output: int = 64 * 1024,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
+        before_send: Callable[[], None] | None = None,
     ) -> ExecResult:
         return _client(handle).exec(cmd, timeout=timeout, idle_timeout=idle_timeout, max_output=max_output,
-                                    cwd=cwd, env=env)
+                                    cwd=cwd, env=env, before_send=before_send)
 
     def read_file(self, handle: SandboxHandle, path: str) -> bytes:
         return _client(handle).read_file(path)
 
-    def write_file(self, handle: SandboxHandle, path: str, content: bytes) -> None:
-        _client(handle).write_file(path, content)
+    def write_file(self, handle: SandboxHandle, path: str, content: bytes, *,
+                   before_send: Callable[[], None] | None = None) -> None:
+        _client(handle).write_file(path, content, before_send=before_send)
 
     def destroy(self, name: str) -> None:
         """Idempotent. Raises SandboxError (transient) if anything is left behind, so a retry can finish."""
