@@ -35,10 +35,11 @@ FORK_CAUSES = ("compaction", "system_reminder", "rerendered_turn", "edited_histo
 class ModelCall:
     """What assembly needs of one recorded model call. Ids are None when the server returned none.
     `messages` (the request) and `response` are None when not read: exact chaining needs them only to
-    tell a fork's cause (`call_of_payload`)."""
+    tell a fork's cause (`call_of_payload`). `messages` is the step's own list, not a copy (a run's calls
+    would otherwise hold the sum of their contexts twice over), and is read, never changed."""
 
     seq: int
-    messages: tuple[MessageRecord, ...] | None
+    messages: Sequence[MessageRecord] | None
     response: MessageRecord | None
     prompt_ids: list[int] | None = None
     completion_ids: list[int] | None = None
@@ -117,11 +118,11 @@ def model_calls(steps: Iterable[StepRecord], *, seqs: Iterable[int] | None = Non
 
 def call_of(step: StepRecord, *, seq: int) -> ModelCall:
     response = MessageRecord(role="assistant", content=step.response_text or "", tool_calls=step.tool_calls)
-    return call_of_payload(step.payload or {}, seq=seq, messages=tuple(step.request_messages or ()), response=response)
+    return call_of_payload(step.payload or {}, seq=seq, messages=step.request_messages or (), response=response)
 
 
 def call_of_payload(
-    payload: dict[str, Any], *, seq: int, messages: tuple[MessageRecord, ...] | None = None,
+    payload: dict[str, Any], *, seq: int, messages: Sequence[MessageRecord] | None = None,
     response: MessageRecord | None = None,
 ) -> ModelCall:
     """A call from its step's payload (where the proxy keeps token ids, logprobs and the policy version).
@@ -208,7 +209,7 @@ def _exact_fork(call: ModelCall, previous: Sample) -> Fork:
     token = first_difference(call.prompt_ids, previous.token_ids)
     if call.messages is None:
         return Fork(seq=call.seq, cause="unknown", message_index=None, token_index=token, detail="messages not read")
-    cause, message, detail = fork_cause(previous.history, list(call.messages))
+    cause, message, detail = fork_cause(previous.history, call.messages)
     if cause is None:
         # Every message the sample carried is still there, unchanged: the server rendered them to other
         # tokens (a template that re-renders an earlier turn: tool-call arguments re-serialised, thinking
@@ -324,13 +325,16 @@ def tokenizer_encoder(path: str) -> Encode:
 
 def retokenised_samples(calls: Sequence[ModelCall], encode: Encode) -> list[Sample]:
     """Chain calls on the message level: a call whose request begins with the last sample's history (its
-    last request plus response) extends it with the new messages, each tokenised once; any other call
-    forks, with its cause. Completion logprobs are not carried over (the server's tokens are not these)."""
+    last request plus response) extends it with the new messages only; any other call forks, with its
+    cause, and its sample holds its whole request. No text is tokenised twice in a rollout (`_once`): a
+    role's header once, a forked sample's unchanged messages from the ids they had. Completion logprobs
+    are not carried over (the server's tokens are not these)."""
     samples: list[Sample] = []
+    encode = _once(encode)
     for call in calls:
         assert call.messages is not None and call.response is not None  # noqa: S101 - read with the steps
         current = samples[-1] if samples else None
-        request = list(call.messages)
+        request = call.messages
         cause, message, detail = (None, None, "") if current is None else fork_cause(current.history, request)
         if current is not None and cause is None:
             new_messages = request[len(current.history):]
@@ -347,6 +351,21 @@ def retokenised_samples(calls: Sequence[ModelCall], encode: Encode) -> list[Samp
         current._append(encode(body), 1)
         current._took(call)
     return samples
+
+
+def _once(encode: Encode) -> Encode:
+    """`encode`, remembering each text's ids: a tokenizer gives a text the same ids every time, so a
+    repeated text (a header, a message a fork carries again) costs a lookup, not a tokenisation. The
+    ids returned are shared: callers copy them (`Sample._append` extends)."""
+    known: dict[str, list[int]] = {}
+
+    def encoded(text: str) -> list[int]:
+        ids = known.get(text)
+        if ids is None:
+            ids = known[text] = encode(text)
+        return ids
+
+    return encoded
 
 
 # --- a rollout -------------------------------------------------------------------------------------------
