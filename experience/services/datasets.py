@@ -410,18 +410,25 @@ def digests_derive_pending(*, limit: int = PENDING_DIGESTS) -> int:
     (`digest_pending_runs`), so builds find them kept: the beat's `trove.datasets.digest_pending` calls
     this after ingest, whichever path stored the run, and `manage.py digest_runs` backfills a store.
     Postgres only (elsewhere builds keep no digests): returns how many runs were derived."""
+    return digests_derive_next(limit=limit)[1]
+
+
+def digests_derive_next(*, limit: int = PENDING_DIGESTS) -> tuple[list[int], int]:
+    """`digests_derive_pending`, saying also which runs it took: (their ids, how many were derived). A
+    caller going through the whole queue needs the first: a batch in which every run failed derives none,
+    yet the runs after it are still pending."""
     if connection.vendor != "postgresql":
-        return 0
+        return [], 0
     ids = list(digest_pending_runs().values_list("id", flat=True)[:limit])
     if not ids:
-        return 0
+        return [], 0
     spec = DatasetSpec(kind="value", include_duplicates=True, include_rejected=True)
     derived = 0
     for batch in stored_run_batches(Trajectory.objects.filter(id__in=ids), spec):
         ready, failed = _each_digested(batch)
         derived += sum(1 for run in _labelled_batch(ready, keep_digests=True) if run.digest is not None)
         digest_failures_write(failed)
-    return derived
+    return ids, derived
 
 
 def _each_digested(batch: list[StoredRun]) -> tuple[list[StoredRun], dict[int, str]]:

@@ -3,7 +3,9 @@
 A backfill of what the beat's `trove.datasets.digest_pending` does after ingest (a store imported before
 digests existed, or a new DIGEST_VERSION): each finished run with an outcome and no digest of this version
 is read once, its digest derived and kept (`TrajectoryDigest`) and its rubric labels written, so that value
-builds read digests instead of steps. Postgres only. Prints a summary as one JSON object on its last line.
+builds read digests instead of steps. A run whose digest cannot be derived is recorded as failed and the
+backfill goes on past it, even through a batch of nothing but such runs. Postgres only. Prints a summary
+as one JSON object on its last line.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
 from experience.distill.digest import DIGEST_VERSION
-from experience.services.datasets import PENDING_DIGESTS, digest_pending_runs, digests_derive_pending
+from experience.services.datasets import PENDING_DIGESTS, digest_pending_runs, digests_derive_next
 
 
 class Command(BaseCommand):
@@ -30,12 +32,14 @@ class Command(BaseCommand):
         if connection.vendor != "postgresql":
             raise CommandError("run digests are kept on Postgres only (this database is not)")
         pending = digest_pending_runs().count()
-        started, derived = time.monotonic(), 0
+        started, derived, tried = time.monotonic(), 0, set()
         while True:
-            done = digests_derive_pending(limit=batch)
-            derived += done
-            if done == 0:
+            taken, done = digests_derive_next(limit=batch)
+            # Each run is tried once: one left pending (its steps changed while it was read) ends the loop.
+            if not set(taken) - tried:
                 break
+            tried.update(taken)
+            derived += done
             self.stderr.write(f"derived {derived} of {pending}")
         seconds = round(time.monotonic() - started, 1)
         self.stdout.write(

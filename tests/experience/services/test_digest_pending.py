@@ -13,6 +13,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 
 from experience.distill.digest import DIGEST_VERSION, RunDigest
 from experience.distill.rubric import LABELS, RUBRIC_VERSION
@@ -393,3 +394,89 @@ def test_a_run_whose_digest_cannot_be_derived_is_recorded_and_the_others_go_on(m
     assert version.status == "ready"
     assert read == [[broken.pk]], "a build does not read a failed digest: it reads that run's steps"
     assert TrajectoryDigest.objects.get(trajectory=broken).error == "", "and keeps the digest it derives"
+
+
+# --- batched and per run give the same ----------------------------------------------------------------------
+
+
+def commented_run(task_key: str, **fields) -> Trajectory:
+    """A run whose commands carry shell comments (`# ...`), which the rubric reads past."""
+    record = run_record(task_key, **fields)
+    steps = [
+        dataclasses.replace(step, command=f"{step.command}  # try {n}") if step.kind == "command" else step
+        for n, step in enumerate(record.steps)
+    ]
+    trajectory, _ = trajectory_ingest(record=dataclasses.replace(record, steps=steps))
+    return trajectory
+
+
+def runs_of_every_kind() -> tuple[list[Trajectory], Trajectory]:
+    """(runs whose digests can be derived, the run whose digest cannot), the underivable one oldest, so a
+    one-run-at-a-time pass meets it first."""
+    broken = store_run("choke")
+    runs = store_tasks(TASKS[:2], good=1, bad=1)  # tasks of two runs each: their contexts share messages
+    runs.append(store_run(TASKS[0], duplicate_of=runs[0]))
+    runs.append(store_run(TASKS[1], good=False, curation="rejected"))
+    runs.append(commented_run(TASKS[2]))
+    runs.append(commented_run(TASKS[3], good=False))
+    return runs, broken
+
+
+def choke_on(monkeypatch, task_key: str) -> None:
+    real = datasets.derive
+
+    def derive(record, scored=None):
+        if record.task_key == task_key:
+            raise ValueError("the detectors choked")
+        return real(record, scored)
+
+    monkeypatch.setattr(datasets, "derive", derive)
+
+
+def test_the_batched_pass_keeps_what_one_run_at_a_time_keeps_and_a_failure_starves_nothing(
+    monkeypatch, step_reads
+):
+    runs, broken = runs_of_every_kind()
+    choke_on(monkeypatch, "choke")
+
+    assert datasets.digests_derive_pending() == len(runs)
+    assert len(step_reads) == 1, "every run's steps in one read"
+    batched_digests, batched_labels = digest_rows(), rubric_labels()
+    failed = TrajectoryDigest.objects.get(pk=broken.pk)
+    assert failed.error == "ValueError: the detectors choked" and bytes(failed.data) == b""
+    TrajectoryDigest.objects.all().delete()
+    Label.objects.all().delete()
+    step_reads.clear()
+
+    done = [datasets.digests_derive_pending(limit=1) for _ in range(len(runs) + 2)]
+
+    assert done == [0] + [1] * len(runs) + [0], "the failed run first, then every other run, one a call"
+    assert step_reads == [[broken.pk]] + [[run.pk] for run in runs]
+    assert digest_rows() == batched_digests
+    assert rubric_labels() == batched_labels
+    assert set(batched_digests) == {run.pk for run in runs} | {broken.pk}
+    assert not {trajectory_id for trajectory_id, *_ in batched_labels} & {broken.pk}
+    assert pending_ids() == []
+
+
+def test_digest_runs_goes_past_a_batch_in_which_nothing_could_be_derived(monkeypatch):
+    runs, broken = runs_of_every_kind()
+    choke_on(monkeypatch, "choke")
+    out = StringIO()
+
+    call_command("digest_runs", "--batch", "1", stdout=out, stderr=StringIO())
+
+    summary = json.loads(out.getvalue().strip().splitlines()[-1])
+    assert summary["pending"] == len(runs) + 1 and summary["derived"] == len(runs)
+    assert set(digest_rows()) == {run.pk for run in runs} | {broken.pk}
+    assert pending_ids() == []
+
+
+def test_digest_data_is_kept_without_a_second_compression():
+    # Already zstd: Postgres's own compression attempt (pglz) would only cost the pass time.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT attstorage FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'data'",
+            [TrajectoryDigest._meta.db_table],
+        )
+        assert cursor.fetchone()[0] == "e"
