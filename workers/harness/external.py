@@ -31,6 +31,11 @@ SCRATCH_DIR = "/tmp/trove"  # the sandbox's private /tmp: outside the workspace,
 INSTRUCTION_FILE = f"{SCRATCH_DIR}/instruction.md"
 PID_FILE = f"{SCRATCH_DIR}/harness.pid"
 STAGED_INSTRUCTION = ".trove-instruction.md"  # written into the workspace, moved to INSTRUCTION_FILE at once
+# An instruction up to this size (quoted, as the script holds it) is written by the harness's own script, in the same exec: a file written
+# into the sandbox first costs a round trip of its own (the lease's fence check, the agent's write, the
+# event logged) before every harness. Beyond it the instruction is staged as a file: the script is one
+# argument of `bash -c`, and Linux refuses an argument over 128 KiB (MAX_ARG_STRLEN).
+INLINE_INSTRUCTION_BYTES = 64 * 1024
 API_KEY_PLACEHOLDER = "trove-proxy"
 KILL_SCRIPT = f'pid=$(cat {PID_FILE} 2>/dev/null) && [ -n "$pid" ] && kill -KILL -- "-$pid" 2>/dev/null; true'
 
@@ -100,13 +105,16 @@ def harness_env(setup: HarnessSetup) -> dict[str, str]:
     return env
 
 
-def harness_script(command: str, env: dict[str, str]) -> str:
-    """The script the sandbox runs: move the staged instruction out of the workspace, note the harness's pid
-    (its process group, which a cancel kills), export the environment, then exec the harness command in a
-    shell of its own (so a syntax error in it is reported as the harness's own failure)."""
+def harness_script(command: str, env: dict[str, str], instruction: str | None = None) -> str:
+    """The script the sandbox runs: write the instruction to INSTRUCTION_FILE (given, with printf, a shell
+    builtin: no process started; else the staged file is moved there out of the workspace), note the
+    harness's pid (its process group, which a cancel kills), export the environment, then exec the harness
+    command in a shell of its own (so a syntax error in it is reported as the harness's own failure)."""
     exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
+    place = (f"printf %s {shlex.quote(instruction)} > {INSTRUCTION_FILE}" if instruction is not None
+             else f"mv -f {STAGED_INSTRUCTION} {INSTRUCTION_FILE}")
     return "\n".join([
-        f"mkdir -p {SCRATCH_DIR} && mv -f {STAGED_INSTRUCTION} {INSTRUCTION_FILE} || exit 125",
+        f"mkdir -p {SCRATCH_DIR} && {place} || exit 125",
         f"echo $$ > {PID_FILE}",
         f"export {exports}",
         f"exec bash -c {shlex.quote(command)}",
@@ -130,11 +138,15 @@ def run_external_harness(
     `execute(script)` runs a script there and blocks (its timeout is the wall-time budget); `kill(script)`
     runs the kill script. When `should_stop()` turns true (the rollout was cancelled or taken back), the
     harness's process group is killed and the outcome says `cancelled`. `extra_env` (a preset's) is exported
-    after the usual environment and wins over it. Never raises for the harness's own
-    failure: a non-zero exit is an outcome. Errors of `execute` (the sandbox failed) propagate."""
-    stage_file(STAGED_INSTRUCTION, instruction)
+    after the usual environment and wins over it. The instruction goes in the script itself; only one whose
+    quoted form is over INLINE_INSTRUCTION_BYTES is staged with `stage_file` first. Never raises for the
+    harness's own failure: a non-zero exit is an outcome. Errors of `execute` (the sandbox failed) propagate."""
+    inline = _fits_the_script(instruction)
+    if not inline:
+        stage_file(STAGED_INSTRUCTION, instruction)
     started_at = datetime.now(UTC)
-    runner = Background(execute, harness_script(command, {**harness_env(setup), **(extra_env or {})}))
+    env = {**harness_env(setup), **(extra_env or {})}
+    runner = Background(execute, harness_script(command, env, instruction if inline else None))
     cancelled = False
     while not runner.wait(poll_s):
         if should_stop():
@@ -144,6 +156,11 @@ def run_external_harness(
             break
     result = runner.result() if runner.done else ExecResult(None, "", "", (time.monotonic() - runner.started) * 1000)
     return ExternalOutcome(result=result, started_at=started_at, ended_at=datetime.now(UTC), cancelled=cancelled)
+
+
+def _fits_the_script(instruction: str) -> bool:
+    # Measured as it stands in the script (quoted); a NUL byte cannot be in a process argument at all.
+    return "\x00" not in instruction and len(shlex.quote(instruction).encode()) <= INLINE_INSTRUCTION_BYTES
 
 
 def server_failure(*, is_error: bool, payload: dict[str, Any], call_id: str | None = None) -> ServerFailure | None:
