@@ -24,9 +24,14 @@ class ReviewQueue(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
+    # The queue behind the ad-hoc pairs page (/pairs/): its items are the pairs that page offered, so curators
+    # there share the queues' claims. Not listed with the queues people make.
+    adhoc = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-id"]
+        constraints = [models.UniqueConstraint(fields=["kind"], condition=models.Q(adhoc=True),
+                                               name="review_queue_one_adhoc_per_kind")]
 
     def __str__(self) -> str:
         return self.name or f"queue {self.pk}"

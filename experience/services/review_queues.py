@@ -13,6 +13,7 @@ A decision is taken once, by the holder of the claim; approve and reject are cur
 from __future__ import annotations
 
 import random
+from collections.abc import Collection
 from datetime import timedelta
 from typing import Any
 
@@ -68,23 +69,29 @@ def queue_create(*, name: str, filters: dict[str, str], sample: int | None = Non
     return queue
 
 
-def queue_current(*, queue: ReviewQueue, user: Any) -> ReviewItem | None:
-    """The undecided item `user` holds a live claim on, if any."""
-    return (ReviewItem.objects.filter(queue=queue, decision="", claimed_by=user, claimed_until__gt=timezone.now())
-            .select_related("trajectory", "other").order_by("position").first())
+def queue_current(*, queue: ReviewQueue, user: Any, among: Collection[int] | None = None) -> ReviewItem | None:
+    """The undecided item `user` holds a live claim on, if any (only of the items `among`, when given)."""
+    items = ReviewItem.objects.filter(queue=queue, decision="", claimed_by=user, claimed_until__gt=timezone.now())
+    if among is not None:
+        items = items.filter(pk__in=among)
+    return items.select_related("trajectory", "other").order_by("position").first()
 
 
-def queue_claim_next(*, queue: ReviewQueue, user: Any, now=None) -> ReviewItem | None:
+def queue_claim_next(*, queue: ReviewQueue, user: Any, now=None,
+                     among: Collection[int] | None = None) -> ReviewItem | None:
     """The user's current item, or the next open one claimed for them (None when nothing is left open).
-    Never an item someone else holds a live claim on; never a decided one."""
-    current = queue_current(queue=queue, user=user)
+    Never an item someone else holds a live claim on; never a decided one. `among` (item ids) narrows both
+    to those items: the ad-hoc pairs page's candidates (services.pair_claims)."""
+    current = queue_current(queue=queue, user=user, among=among)
     if current is not None:
         return current
     now = now or timezone.now()
     with transaction.atomic():
-        item = (ReviewItem.objects.select_for_update(skip_locked=True)
-                .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lte=now), queue=queue, decision="")
-                .order_by("position").first())
+        open_items = (ReviewItem.objects.select_for_update(skip_locked=True)
+                      .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lte=now), queue=queue, decision=""))
+        if among is not None:
+            open_items = open_items.filter(pk__in=among)
+        item = open_items.order_by("position").first()
         if item is None:
             return None
         item.claimed_by, item.claimed_until = user, now + timedelta(seconds=settings.TROVE_REVIEW_CLAIM_SECONDS)

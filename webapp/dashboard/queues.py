@@ -36,7 +36,7 @@ class QueueForm(forms.Form):
 def queue_list(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         return _queue_create(request)
-    queues = list(ReviewQueue.objects.order_by("-id")[:100])
+    queues = list(ReviewQueue.objects.filter(adhoc=False).order_by("-id")[:100])  # not /pairs/'s own
     for queue in queues:
         queue.progress = review_queues.queue_progress(queue=queue)  # type: ignore[attr-defined]
     return render(request, "dashboard/queues.html", {"queues": queues})
