@@ -31,8 +31,14 @@ Figures (the last line is one JSON object):
   retokenised_turns_cpu_ratio_10x: the same in this process's CPU time (robust to other processes' load
   on a shared machine; Postgres's time is not in it);
   retokenised_in_memory_turns_ratio_10x: `assemble` on calls built one by one in memory (no message
-  shared between calls, so each call's request is compared field by field: quadratic in the turns, no
-  target).
+  shared between calls, so each call's request is compared with the history field by field: the one
+  part that grows with the square of the turns, as each request repeats the history; target <= 12), and
+  retokenised_in_memory_turns_cpu_ratio_10x the same in CPU time;
+- the floor of those ratios, same run: retokenised_texts_ratio_10x, how many times the distinct
+  texts (message headers and bodies) the longer rollouts hold: what tokenising each once must grow by; and
+  retokenised_floor_ratio_10x, this process's CPU time to tokenise each distinct text of the longer
+  rollouts once (headers and bodies, a fresh tokenizer per try) over the same for the shorter ones: the
+  floor of the CPU ratios; retokenised_floor_ms, that floor for one longer rollout.
 """
 
 from __future__ import annotations
@@ -142,27 +148,58 @@ def length_ratios(server, tokenizer_path: Path, turns: int) -> dict:
     few = model_calls(recorded_run(server, turns, output_chars=300, with_ids=False))
     many = model_calls(recorded_run(server, turns * 10, output_chars=300, with_ids=False))
 
-    def retokenised(calls) -> float:
+    def retokenised(calls) -> tuple[float, float]:
         # A tokenizer loaded afresh for each try: its word cache would otherwise hold the short
-        # rollout's every word after the first try, and not the long one's.
-        times = []
-        for _ in range(5):
+        # rollout's every word after the first try, and not the long one's. Best wall and CPU time.
+        walls, cpus = [], []
+        for _ in range(7):
             encode = tokenizer_encoder(str(tokenizer_path))
-            times.append(best_time(lambda: assemble(calls, encode=encode), repeat=1))  # noqa: B023
-        return min(times)
+            cpu = time.process_time()
+            walls.append(best_time(lambda: assemble(calls, encode=encode), repeat=1))  # noqa: B023
+            cpus.append(time.process_time() - cpu)
+        return min(walls), min(cpus)
 
     few_stored = store_runs(server, PAGE, turns, prefix="few-no-ids", with_ids=False)
     many_stored = store_runs(server, PAGE, turns * 10, prefix="many-no-ids", with_ids=False)
     (few_wall, few_cpu), (many_wall, many_cpu) = (_retokenised_from_store(ids, tokenizer_path)
                                                   for ids in (few_stored, many_stored))
+    few_floor, many_floor = (_tokenising_floor(calls, tokenizer_path) for calls in (few, many))
+    (few_memory, few_memory_cpu), (many_memory, many_memory_cpu) = retokenised(few), retokenised(many)
     return {
         "length_ratio_10x": round(best_time(lambda: timed_assembly(long_ids), repeat=3)
                                   / best_time(lambda: timed_assembly(short_ids), repeat=3), 2),
         "long_vs_short_tokens": round(recorded_tokens(long_ids) / recorded_tokens(short_ids), 2),
         "retokenised_turns_ratio_10x": round(many_wall / few_wall, 2),
         "retokenised_turns_cpu_ratio_10x": round(many_cpu / few_cpu, 2),
-        "retokenised_in_memory_turns_ratio_10x": round(retokenised(many) / retokenised(few), 2),
+        "retokenised_in_memory_turns_ratio_10x": round(many_memory / few_memory, 2),
+        "retokenised_in_memory_turns_cpu_ratio_10x": round(many_memory_cpu / few_memory_cpu, 2),
+        "retokenised_texts_ratio_10x": round(len(_distinct_texts(many)) / len(_distinct_texts(few)), 2),
+        "retokenised_floor_ratio_10x": round(many_floor / few_floor, 2),
+        "retokenised_floor_ms": round(many_floor * 1000, 2),
     }
+
+
+def _distinct_texts(calls) -> list[str]:
+    """Every header and body a rollout's messages render to, each once, in order."""
+    from experience.distill.rl_samples import chatml_segments
+
+    texts = (text for call in calls for message in [*call.messages, call.response] for text in chatml_segments(message))
+    return list(dict.fromkeys(texts))
+
+
+def _tokenising_floor(calls, tokenizer_path: Path) -> float:
+    """The best CPU time of tokenising each distinct text of a rollout once (a fresh tokenizer per try, as
+    the figures it floors load theirs): no rendering, no chaining, no comparing."""
+    from experience.distill.rl_samples import tokenizer_encoder
+
+    texts, times = _distinct_texts(calls), []
+    for _ in range(7):
+        encode = tokenizer_encoder(str(tokenizer_path))
+        started = time.process_time()
+        for text in texts:
+            encode(text)
+        times.append(time.process_time() - started)
+    return min(times)
 
 
 def _retokenised_from_store(ids: list[int], tokenizer_path: Path) -> tuple[float, float]:
