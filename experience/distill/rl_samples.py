@@ -20,6 +20,8 @@ import functools
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import compress, count
+from operator import is_not
 from typing import Any
 
 import numpy as np
@@ -264,14 +266,26 @@ def fork_cause(history: Sequence[MessageRecord], request: Sequence[MessageRecord
 
 
 def _first_message_difference(history: Sequence[MessageRecord], request: Sequence[MessageRecord]) -> int | None:
-    # One list comparison in C first (messages shared between calls compare by identity); the walk that
-    # names the first different message runs only when it fails.
-    if len(request) >= len(history) and list(request[: len(history)]) == list(history):
+    # A check in C first (`_begins_with`); the walk that names the first different message runs only
+    # when it fails.
+    if len(request) >= len(history) and _begins_with(request, history):
         return None
     for index, old in enumerate(history):
         if index >= len(request) or not _same(old, request[index]):
             return index
     return None
+
+
+def _begins_with(request: Sequence[MessageRecord], history: Sequence[MessageRecord]) -> bool:
+    """Whether `request` (no shorter) begins with `history`, message for message as `==` has it. Each call's
+    request repeats the whole history, so this reads it once per call, in C rather than by a Python
+    `__eq__` per message: records shared between calls (the store shares them) match by identity, and from
+    the first one not shared (calls built one by one share none) messages compare by their attribute
+    dicts, which hold exactly the fields the dataclass's `==` compares."""
+    unshared = next(compress(count(), map(is_not, request, history)), None)
+    if unshared is None:
+        return True
+    return list(map(vars, request[unshared : len(history)])) == list(map(vars, history[unshared:]))
 
 
 def _same(a: MessageRecord, b: MessageRecord) -> bool:

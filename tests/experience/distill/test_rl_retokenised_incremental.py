@@ -255,3 +255,26 @@ def test_stored_runs_without_ids_give_the_from_scratch_samples(server, tokenizer
         reference = reference_samples(calls, tokenizer_encoder(str(tokenizer_path)))
         assert [asdict(s) for s in assemblies[trajectory_id].samples] == [asdict(s) for s in reference], name
         assert [f.cause for f in assemblies[trajectory_id].forks] == ROLLOUTS[name][1]
+
+
+@pytest.mark.parametrize(
+    ("change", "forks"),
+    [
+        ({"content": "Fix the other failing test."}, True),
+        ({"role": "system"}, True),
+        ({"tool_call_id": "call_x"}, True),
+        ({"tool_calls": [{"id": "c", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]}, True),
+        ({"name": "harness"}, False),  # a name is not part of "the same message" (`fork_cause`)
+        ({}, False),
+    ],
+)
+def test_a_change_in_any_field_of_an_earlier_unshared_message_is_seen(server, tokenizer_path, change, forks):
+    calls = model_calls(agent_run(server, 6, with_ids=False))
+    last = calls[-1]
+    copied = [MessageRecord(**asdict(m)) for m in last.messages]  # nothing shared with the call before
+    copied[1] = MessageRecord(**{**asdict(copied[1]), **change})
+    calls[-1] = ModelCall(seq=last.seq, messages=copied, response=last.response)
+    assembly = assemble(calls, encode=tokenizer_encoder(str(tokenizer_path)))
+    assert [asdict(s) for s in assembly.samples] == \
+        [asdict(s) for s in reference_samples(calls, tokenizer_encoder(str(tokenizer_path)))]
+    assert [(f.seq, f.message_index) for f in assembly.forks] == ([(5, 1)] if forks else [])
