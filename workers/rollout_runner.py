@@ -376,16 +376,21 @@ class Attempt:
         )
         preset = preset_rollout.preset_of(job.harness)
         launch = preset_rollout.prepare(*preset, setup) if preset else None
+        # A preset's script prints its native logs after the harness (launch.py): room for them, split off after.
+        max_output = preset_rollout.harness_exec_output_bytes(HARNESS_OUTPUT_BYTES) if launch else HARNESS_OUTPUT_BYTES
         outcome = external.run_external_harness(
             command=launch.script if launch else job.harness_command, instruction=rollout.task.instruction,
             setup=setup, extra_env=launch.env if launch else None,
             stage_file=lambda path, text: fleet_ops.sandbox_write_files(lease, {path: text}),
             execute=lambda script: _closing_connection(fleet_ops.sandbox_exec, lease, script,
-                                                       timeout=job.wall_time_s, max_output=HARNESS_OUTPUT_BYTES,
+                                                       timeout=job.wall_time_s, max_output=max_output,
                                                        reason="external harness"),
             kill=lambda script: _kill_quietly(lease, script),
             should_stop=self.heartbeat.lost.is_set,
         )
+        native_logs = None
+        if launch is not None:
+            outcome, native_logs = preset_rollout.split_harness_output(outcome, HARNESS_OUTPUT_BYTES)
         calls, refused = _settled_model_calls(self.trajectory_id, rollout.proxy_token)
         self.model_calls = len(calls)
         self.account_external(outcome, calls)
@@ -397,20 +402,21 @@ class Attempt:
             raise RolloutCancelled(f"rollout {rollout.pk} was taken away while its harness ran; harness killed")
         failure = _external_failure(outcome, calls)
         if failure is None and launch is not None:
-            failure = self.judge_preset(launch, outcome, len(calls), budget_spent=bool(refused))
+            failure = self.judge_preset(launch, outcome, len(calls), budget_spent=bool(refused), native_logs=native_logs)
         if failure is not None:
             raise failure
         self.record(_harness_end_note(reason, outcome, len(calls), refused, job.max_steps))
         return len(calls)
 
     def judge_preset(self, launch, outcome: external.ExternalOutcome, calls: int, *,
-                     budget_spent: bool = False) -> InfraFailure | None:
+                     budget_spent: bool = False, native_logs: dict[str, bytes] | None = None) -> InfraFailure | None:
         """Collect the preset's native logs (kept beside the proxy's records), then its verdict: a harness
         that never reached the model, exited with an error or whose own tools failed is infra, not data.
         One the proxy stopped at the step budget used the agent's budget (as one stopped at the wall time
-        does): evaluated, however it reported the refused call."""
-        files = preset_rollout.collect_native_logs(launch.preset, lambda script, cap: self.exec(
-            script, timeout=60, max_output=cap, reason="collect native logs"))
+        does): evaluated, however it reported the refused call. `native_logs`: what the harness's script
+        printed after it; when None they are read with an exec of their own."""
+        files = native_logs if native_logs is not None else preset_rollout.collect_native_logs(
+            launch.preset, lambda script, cap: self.exec(script, timeout=60, max_output=cap, reason="collect native logs"))
         self.record(preset_rollout.native_log_step(launch, files))
         if budget_spent:
             return None

@@ -19,6 +19,7 @@ from experience.models import Trajectory
 from experience.run_steps import step_views
 from experience.services.blobs import blob_get
 from webapp.fleets import services as fleet_services
+from webapp.fleets.models import SandboxEvent
 from webapp.rollouts.models import Rollout
 from webapp.rollouts.services import job_create
 from workers.harness import presets
@@ -138,7 +139,11 @@ def test_a_preset_solves_a_demo_task_through_the_proxy_in_its_own_protocol(
     assert log_note.payload["native_logs"], f"{name} left its native log ({preset.native_logs})"
     first = log_note.payload["native_logs"][0]
     assert len(blob_get(first["sha256"])) == first["bytes"] > 0
+    # printed by the harness's script after it, in its exec: none of their own, nothing of them in its output
+    assert not SandboxEvent.objects.filter(sandbox=rollout.sandbox, kind="exec", reason="collect native logs").exists()
     harness_step = trajectory.steps.get(kind="command", payload__harness=f"{name}@{version}")
+    output = blob_get(harness_step.blob_refs["output"]).decode() if "output" in harness_step.blob_refs else ""
+    assert "TROVE-NATIVE-LOGS" not in output
     command = harness_step.payload["command"]
     assert rollout.token not in command and "<instruction>" in command
 

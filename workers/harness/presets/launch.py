@@ -74,7 +74,10 @@ def launch(preset: Preset, version: str, setup: HarnessSetup, *, mount: str = BU
                   f"cat > {shlex.quote(path)} <<'{_HEREDOC_END}'", text.rstrip("\n"), _HEREDOC_END]
     program = [*([preset.interpreter] if preset.interpreter else []), f"{names['bundle']}/{preset.executable}"]
     argv = [*program, *(PROMPT if arg == PROMPT else fill(arg, names) for arg in preset.argv)]
-    lines.append(f"exec {_command(argv)} < /dev/null")
+    # Not exec'd: once the harness exits, the same script prints its native logs after it (collected_from
+    # splits them off), which saves the rollout an exec of its own for them. The exit status is the
+    # harness's (128 + n when a signal killed it, as a shell tells it).
+    lines += [f"{_command(argv)} < /dev/null", "trove_status=$?", *_collect_after(preset), "exit $trove_status"]
     shown = {**names, "proxy": _without_token(names["proxy"]), "base_url": _without_token(names["base_url"])}
     display = " ".join("<instruction>" if arg == PROMPT else shlex.quote(arg)
                        for arg in [*program, *(PROMPT if arg == PROMPT else fill(arg, shown) for arg in preset.argv)])
@@ -108,6 +111,30 @@ def collect_script(preset: Preset) -> str:
         '[ ${#files[@]} -eq 0 ] && exit 0',
         'tar -czf - -- "${files[@]}" 2>/dev/null | base64 -w0',
     ])
+
+
+# Lines of their own on stdout around the native logs the harness script prints after the harness.
+LOGS_START, LOGS_END = "TROVE-NATIVE-LOGS-START", "TROVE-NATIVE-LOGS-END"
+
+
+def _collect_after(preset: Preset) -> list[str]:
+    # In a subshell: the collect script's `cd` and `exit` are its own.
+    return [f"printf '\\n%s\\n' {LOGS_START}", f"({collect_script(preset)}\n)", f"printf '\\n%s\\n' {LOGS_END}"]
+
+
+def collected_from(stdout: str) -> tuple[str, dict[str, bytes] | None]:
+    """The harness's own stdout, and the native logs its script printed after it: None when they are not
+    there whole (the harness was stopped, or the output cap cut them), to be collected with an exec."""
+    head, start, rest = stdout.rpartition(f"\n{LOGS_START}\n")
+    body, end, _ = rest.rpartition(f"\n{LOGS_END}\n")
+    if not start:
+        return stdout, None
+    if not end:
+        return head, None
+    try:
+        return head, read_collected(body)
+    except (ValueError, OSError, EOFError, tarfile.TarError):  # cut or garbled: the exec reads them again
+        return head, None
 
 
 def _glob_for_bash(pattern: str) -> str:

@@ -4,12 +4,12 @@ harness). Kept here so the runner only says when; what a preset needs is said in
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from experience.records import StepRecord
 from experience.services.blobs import blob_put_many
-from workers.harness.external import HarnessSetup
+from workers.harness.external import ExternalOutcome, HarnessSetup
 from workers.harness.presets import resolve
 from workers.harness.presets.base import HarnessRun, Preset
 from workers.harness.presets.bundles import bundle_installed
@@ -17,6 +17,7 @@ from workers.harness.presets.launch import (
     NATIVE_LOG_BYTES,
     Launch,
     collect_script,
+    collected_from,
     launch,
     read_collected,
     verdict,
@@ -62,6 +63,32 @@ def check_installed(preset: Preset, version: str, bundle_root: str) -> None:
 
 def prepare(preset: Preset, version: str, setup: HarnessSetup) -> Launch:
     return launch(preset, version, setup)
+
+
+def harness_exec_output_bytes(harness_output_bytes: int) -> int:
+    """The harness exec's output cap: room for the native logs its script prints after the harness."""
+    return harness_output_bytes + NATIVE_LOG_BYTES
+
+
+def split_harness_output(outcome: ExternalOutcome, harness_output_bytes: int
+                         ) -> tuple[ExternalOutcome, dict[str, bytes] | None]:
+    """The outcome as the harness's own (its stdout without the native logs printed after it, both streams
+    cut to `harness_output_bytes`, the exec having had the room of harness_exec_output_bytes), and the
+    native logs: None when they are not there whole, for collect_native_logs to read."""
+    stdout, files = collected_from(outcome.result.stdout)
+    stdout, cut_out = _capped(stdout, harness_output_bytes)
+    stderr, cut_err = _capped(outcome.result.stderr, harness_output_bytes)
+    result = replace(outcome.result, stdout=stdout, stderr=stderr,
+                     truncated_bytes=outcome.result.truncated_bytes + cut_out + cut_err)
+    return replace(outcome, result=result), files
+
+
+def _capped(text: str, limit: int) -> tuple[str, int]:
+    # As the agent caps a stream: bytes, then decoded (a character cut in two reads as a replacement).
+    data = text.encode()
+    if len(data) <= limit:
+        return text, 0
+    return data[:limit].decode("utf-8", "replace"), len(data) - limit
 
 
 def collect_native_logs(preset: Preset, execute: Callable[[str, int], ExecResult]) -> dict[str, bytes]:
