@@ -6,14 +6,15 @@ around it. A backend call never happens inside a database transaction (they can 
 
 The claim path is the hot one (a rollout waits on it). On Postgres, outside a transaction, each step is as
 few round trips as its guarantees allow: a warm claim (or a counted miss) is one statement and never touches
-the backend; an exec is the fence check before the agent call and one statement logging it after; every
-transition is one statement with its event; a single-use release is four (released, the reuse facts,
-terminating, terminated after the destroy). `tests/workers/test_fleet_round_trips.py` holds the budgets.
+the backend; an exec is the fence check, run while the agent's connection is being set up and before
+anything is sent, and one statement logging it after (not deferred to a later statement: the log of an exec
+must survive its worker being killed right after); every transition is one statement with its event; a
+single-use release is four (released, the reuse facts, terminating, terminated after the destroy).
+`tests/workers/test_fleet_round_trips.py` holds the budgets.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -237,31 +238,61 @@ def _claim_cold(fleet: Fleet, holder: str, lease_seconds: int, started: float) -
 
 # --- using -----------------------------------------------------------------------------------------------
 
+class _Fence:
+    """The lease's fence check, run at most once: by the backend once the agent's connection is open and
+    before the request is sent (the agent's greeting travels while the query runs), or, if the backend
+    failed before that, by the caller, so a superseded lease is refused as stale rather than reported as an
+    agent error."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease, self.passed = lease, False
+        self.passed_at = timezone.now()  # when the request went on its way (updated once the fence passed)
+
+    def __call__(self) -> None:
+        if not self.passed:
+            fleet_services.sandbox_fence(sandbox_id=self.lease.sandbox.pk, fencing_token=self.lease.fencing_token)
+            self.passed, self.passed_at = True, timezone.now()
+
+
 def sandbox_exec(lease: Lease, command: str, *, timeout: float = 60.0, idle_timeout: float | None = None,
                  max_output: int = 64 * 1024, reason: str = "") -> ExecResult:
-    """Exec under the caller's lease; refused (StaleFencingToken) if the lease was superseded. Every exec is
-    logged, including one the agent could not run."""
-    sandbox = lease.sandbox
-    fleet_services.sandbox_fence(sandbox_id=sandbox.pk, fencing_token=lease.fencing_token)
-    first, lease.executed = not lease.executed, True
-    sent_at, started = timezone.now(), time.perf_counter()
-    record = functools.partial(fleet_services.sandbox_exec_recorded, sandbox=sandbox, command=command, reason=reason,
-                               fencing_token=lease.fencing_token, started_at=sent_at, first=first)
+    """Exec under the caller's lease; refused (StaleFencingToken) if the lease was superseded, before anything
+    reaches the sandbox. Every exec that passed the fence is logged, including one the agent could not run."""
+    sandbox, fence, started = lease.sandbox, _Fence(lease), time.perf_counter()
     try:
         result = get_backend(sandbox.fleet.backend).exec(lease.handle, command, timeout=timeout,
-                                                         idle_timeout=idle_timeout, max_output=max_output)
+                                                         idle_timeout=idle_timeout, max_output=max_output,
+                                                         before_send=fence)
     except SandboxError as error:
-        record(exit_code=None, duration_ms=(time.perf_counter() - started) * 1000, error=f"{error.reason}: {error}")
+        fence()  # a failure before the fence ran: stale beats unavailable
+        _exec_recorded(lease, command, reason, fence.passed_at, exit_code=None,
+                       duration_ms=(time.perf_counter() - started) * 1000, error=f"{error.reason}: {error}")
         raise
-    record(exit_code=result.exit_code, duration_ms=result.duration_ms, timed_out=result.timed_out)
+    _exec_recorded(lease, command, reason, fence.passed_at, exit_code=result.exit_code, duration_ms=result.duration_ms,
+                   timed_out=result.timed_out)
     return result
 
 
+def _exec_recorded(lease: Lease, command: str, reason: str, sent_at, **outcome) -> None:
+    """The exec's log; the lease's first exec stamps first_exec_at with when it was sent."""
+    first, lease.executed = not lease.executed, True
+    fleet_services.sandbox_exec_recorded(sandbox=lease.sandbox, command=command, reason=reason,
+                                         fencing_token=lease.fencing_token, started_at=sent_at, first=first,
+                                         **outcome)
+
+
 def sandbox_write_files(lease: Lease, files: dict[str, str]) -> None:
-    fleet_services.sandbox_fence(sandbox_id=lease.sandbox.pk, fencing_token=lease.fencing_token)
-    backend = get_backend(lease.sandbox.fleet.backend)
-    for path, text in files.items():
-        backend.write_file(lease.handle, path, text.encode())
+    """Write files under the caller's lease (in one exchange with the agent where it can), fenced once
+    before anything is sent."""
+    backend, fence = get_backend(lease.sandbox.fleet.backend), _Fence(lease)
+    try:
+        if files:
+            backend.write_files(lease.handle, {path: text.encode() for path, text in files.items()},
+                                before_send=fence)
+    except SandboxError:
+        fence()
+        raise
+    fence()  # no files: still refused under a stale lease
     fleet_services.event_record_relaxed(sandbox=lease.sandbox, kind="write_files", reason=f"{len(files)} file(s)",
                                         data={"paths": sorted(files)[:100], "fencing_token": lease.fencing_token})
 

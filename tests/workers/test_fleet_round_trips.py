@@ -20,6 +20,7 @@ from webapp.fleets import services
 from webapp.fleets.errors import StaleFencingToken
 from webapp.fleets.models import Sandbox, SandboxEvent
 from workers import fleet_ops
+from workers.sandboxes.base import SandboxError
 
 S = Sandbox.State
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -122,6 +123,29 @@ def test_in_autocommit_an_exec_under_a_superseded_lease_is_still_refused_before_
     _, release = counted(fleet_ops.sandbox_release, new)
     assert len(release.sent) == 3 and release.in_transactions == []  # released, the reuse facts, warm again
     assert Sandbox.objects.get(pk=new.sandbox.pk).state == S.WARM
+
+
+def test_an_exec_under_a_superseded_lease_to_a_dead_agent_is_refused_as_stale_not_as_the_agents_failure(
+        pool_backend):  # noqa: F811
+    fleet = make_fleet()
+    fleet_ops.sandbox_provision(fleet=fleet)
+    old = fleet_ops.sandbox_claim(fleet=fleet, holder="slow-worker")
+    services.sandbox_transition(sandbox=Sandbox.objects.get(pk=old.sandbox.pk), to=S.WARM, expect=(S.LEASED,),
+                                reason="lease expired", lease_holder="")
+    new = fleet_ops.sandbox_claim(fleet=fleet, holder="next-worker")
+    pool_backend.destroy(new.sandbox.name)  # the agent is gone: the connection fails before the fence runs
+
+    with pytest.raises(StaleFencingToken):
+        fleet_ops.sandbox_exec(old, "true")
+    with pytest.raises(StaleFencingToken):
+        fleet_ops.sandbox_write_files(old, {"a.txt": "a"})
+    with pytest.raises(SandboxError):  # the current holder hears the agent's failure, logged
+        fleet_ops.sandbox_exec(new, "true")
+
+    refused = SandboxEvent.objects.filter(sandbox=new.sandbox, kind="fence_refused").count()
+    failed = SandboxEvent.objects.filter(sandbox=new.sandbox, kind="exec_failed").values_list(
+        "data__fencing_token", flat=True)
+    assert refused == 2 and list(failed) == [new.fencing_token]
 
 
 def test_a_cold_claim_counts_its_miss_and_leases_in_a_fixed_number_of_round_trips(pool_backend):  # noqa: F811

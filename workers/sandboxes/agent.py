@@ -18,7 +18,7 @@ Options:
                                          capabilities (the agent itself runs as another uid that keeps only
                                          CAP_SETUID, CAP_SETGID and CAP_KILL): commands cannot signal, ptrace or read the
                                          agent, and the agent never opens a workspace path with its own rights
-    --workspace DIR                      commands run here; read_file/write_file are confined to it
+    --workspace DIR                      commands run here; read_file/write_file(s) are confined to it
                                          (default: the current directory)
     --forward tcp:127.0.0.1:PORT=unix:PATH
                                          also accept TCP on the sandbox loopback and pipe each connection to
@@ -445,6 +445,10 @@ class Agent:
             content = decode_content(request.get("content_b64"))
             self.as_user(write_file, self.workspace, request.get("path"), content)
             return {}
+        if op == "write_files":
+            files = decode_files(request.get("files"), self.workspace)
+            self.as_user(write_files, self.workspace, files)  # one exchange, and one drop to run_as, for all
+            return {"written": len(files)}
         raise RequestError("bad_request", f"unknown op {op!r}")
 
     def spawner(self):
@@ -651,6 +655,22 @@ def decode_content(content_b64: object) -> bytes:
         return binascii.a2b_base64(content_b64)
     except binascii.Error as exc:
         raise RequestError("bad_request", f"content_b64: {exc}") from None
+
+
+def decode_files(files: object, workspace: str) -> list[tuple[str, bytes]]:
+    """A write_files request's [{"path", "content_b64"}, ...] as (path, content) pairs, every path checked
+    first, so a batch naming a path outside the workspace writes nothing."""
+    if not isinstance(files, list) or not all(isinstance(entry, dict) for entry in files):
+        raise RequestError("bad_request", "files must be a list of {path, content_b64} objects")
+    for entry in files:
+        confined_path(workspace, entry.get("path"))
+    return [(entry["path"], decode_content(entry.get("content_b64"))) for entry in files]
+
+
+def write_files(workspace: str, files: list[tuple[str, bytes]]) -> None:
+    """write_file for each, in order (each path checked again as it is written)."""
+    for path, content in files:
+        write_file(workspace, path, content)
 
 
 def write_file(workspace: str, path: object, content: bytes) -> None:

@@ -154,6 +154,14 @@ class SandboxBackend(abc.ABC):
                    before_send: Callable[[], None] | None = None) -> None:
         """Write `content` to `path` in the workspace; `before_send` as for exec."""
 
+    def write_files(self, handle: SandboxHandle, files: dict[str, bytes], *,
+                    before_send: Callable[[], None] | None = None) -> None:
+        """write_file for each, in order; backends whose agent takes several files in one exchange override
+        this. `before_send` runs before the first file is sent."""
+        for path, content in files.items():
+            self.write_file(handle, path, content, before_send=before_send)
+            before_send = None
+
     @abc.abstractmethod
     def destroy(self, name: str) -> None:
         """Remove the sandbox and everything it made (processes, directories, mounts, cgroups).

@@ -359,6 +359,10 @@ class KubernetesBackend(SandboxBackend):
                    before_send: Callable[[], None] | None = None) -> None:
         self._agent(handle).write_file(path, content, before_send=before_send)
 
+    def write_files(self, handle: SandboxHandle, files: dict[str, bytes], *,
+                    before_send: Callable[[], None] | None = None) -> None:
+        self._agent(handle).write_files(files, before_send=before_send)
+
     def destroy(self, name: str) -> None:
         """Delete the pod, then its secret. Idempotent. Returns once the API server has accepted the
         deletes; the pod may stay `terminating` for its grace period."""

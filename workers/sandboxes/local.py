@@ -231,6 +231,10 @@ class LocalBackend(SandboxBackend):
                    before_send: Callable[[], None] | None = None) -> None:
         _client(handle).write_file(path, content, before_send=before_send)
 
+    def write_files(self, handle: SandboxHandle, files: dict[str, bytes], *,
+                    before_send: Callable[[], None] | None = None) -> None:
+        _client(handle).write_files(files, before_send=before_send)
+
     def destroy(self, name: str) -> None:
         """Idempotent. Raises SandboxError (transient) if anything is left behind, so a retry can finish."""
         check_name(name)

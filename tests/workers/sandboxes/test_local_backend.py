@@ -80,6 +80,33 @@ def test_exec_returns_stdout_stderr_and_exit_code(backend, sandbox):
     assert result.duration_ms > 0
 
 
+class Refused(Exception):
+    pass
+
+
+def test_a_check_before_send_that_refuses_keeps_the_request_from_the_agent(backend, sandbox):
+    seen = []
+
+    def refuse() -> None:
+        seen.append("checked")
+        raise Refused("the caller's lease is stale")
+
+    with pytest.raises(Refused):
+        backend.exec(sandbox, "echo ran > ran.txt", before_send=refuse)
+    with pytest.raises(Refused):
+        backend.write_file(sandbox, "written.txt", b"x", before_send=refuse)
+
+    assert seen == ["checked", "checked"]
+    assert backend.exec(sandbox, "ls").stdout == ""  # neither the command nor the write reached the sandbox
+
+
+def test_a_check_before_send_that_passes_runs_once_before_the_command(backend, sandbox):
+    seen = []
+    result = backend.exec(sandbox, "echo ran", before_send=lambda: seen.append("checked"))
+
+    assert (seen, result.stdout) == (["checked"], "ran\n")
+
+
 def test_exec_runs_in_the_workspace_with_cwd_and_env(backend, sandbox):
     backend.exec(sandbox, "mkdir sub")
 
@@ -145,6 +172,74 @@ def test_file_access_outside_the_workspace_is_refused(backend, sandbox, path):
     for error in (read_error.value, write_error.value):
         assert "path" in error.reason and error.permanent
     assert backend.exec(sandbox, "test -e /etc/x || echo untouched").stdout == "untouched\n"
+
+
+def test_several_files_are_written_in_one_exchange_in_order(backend, sandbox, monkeypatch):
+    from workers.sandboxes import agent_client
+
+    ops = []
+    call = agent_client.AgentClient.call
+    monkeypatch.setattr(agent_client.AgentClient, "call",
+                        lambda self, op, fields, **kw: (ops.append(op), call(self, op, fields, **kw))[1])
+
+    backend.write_files(sandbox, {"empty": b"", "a.txt": b"first", "dir/b.bin": b"\x00\xff"})
+
+    assert ops == ["write_files"]
+    assert backend.exec(sandbox, "cat a.txt; echo; od -An -tx1 dir/b.bin; wc -c < empty").stdout.split() == [
+        "first", "00", "ff", "0"]
+    # written as the commands' user (the agent dropped to it once for the batch), as write_file does
+    assert backend.exec(sandbox, 'test "$(stat -c %u a.txt dir/b.bin | sort -u)" = "$(id -u)" && echo same').stdout == "same\n"
+
+
+def test_files_past_the_batch_size_go_in_more_exchanges(backend, sandbox, monkeypatch):
+    from workers.sandboxes import agent_client
+
+    monkeypatch.setattr(agent_client, "WRITE_BATCH_BYTES", 10)
+    ops = []
+    call = agent_client.AgentClient.call
+
+    def counting(self, op, fields, **kw):
+        if op == "write_files":
+            ops.append(len(fields["files"]))
+        return call(self, op, fields, **kw)
+
+    monkeypatch.setattr(agent_client.AgentClient, "call", counting)
+
+    backend.write_files(sandbox, {"a": b"12345", "b": b"12345", "c": b"1", "big": b"x" * 40, "d": b"1"})
+
+    assert ops == [2, 1, 1, 1]
+    assert backend.exec(sandbox, "cat a b c d; echo; wc -c < big").stdout.split() == ["123451234511", "40"]
+
+
+@pytest.mark.parametrize("path", ["../meta.json", "/etc/passwd", "escape/passwd"])
+def test_a_batch_naming_a_path_outside_the_workspace_writes_none_of_its_files(backend, sandbox, path):
+    backend.exec(sandbox, "ln -s /etc escape")
+
+    with pytest.raises(SandboxError) as error:
+        backend.write_files(sandbox, {"fine.txt": b"x", path: b"x"})
+
+    assert "path" in error.value.reason and error.value.permanent
+    assert backend.exec(sandbox, "test -e fine.txt || test -e /etc/x || echo untouched").stdout == "untouched\n"
+
+
+def test_an_agent_without_write_files_gets_one_write_file_each(backend, sandbox, monkeypatch):
+    from workers.sandboxes import agent_client
+
+    ops = []
+    call = agent_client.AgentClient.call
+
+    def older_agent(self, op, fields, **kw):
+        ops.append(op)
+        if op == "write_files":  # what an agent from before the op answers
+            raise SandboxError("agent write_files failed (bad_request): unknown op 'write_files'",
+                               reason="agent_bad_request", permanent=True)
+        return call(self, op, fields, **kw)
+
+    monkeypatch.setattr(agent_client.AgentClient, "call", older_agent)
+    backend.write_files(sandbox, {"a.txt": b"a", "b.txt": b"b"})
+
+    assert ops == ["write_files", "write_file", "write_file"]
+    assert backend.exec(sandbox, "cat a.txt b.txt").stdout == "ab"
 
 
 def test_a_wrong_secret_is_refused(backend, sandbox):
