@@ -32,7 +32,8 @@ class Command(BaseCommand):
         if connection.vendor != "postgresql":
             raise CommandError("run digests are kept on Postgres only (this database is not)")
         pending = digest_pending_runs().count()
-        started, derived, tried = time.monotonic(), 0, set()
+        started, derived = time.monotonic(), 0
+        tried: set[int] = set()
         while True:
             taken, done = digests_derive_next(limit=batch)
             # Each run is tried once: one left pending (its steps changed while it was read) ends the loop.
