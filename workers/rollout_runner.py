@@ -642,8 +642,13 @@ def _wait_for_model_calls(trajectory_id: int, expected: int) -> None:
 
 
 def _catch_up(remaining: float) -> None:
-    if not ingest_pending_records(min(INGEST_SLICE_S, remaining)):
-        time.sleep(min(0.02, max(remaining, 0)))
+    """Store what waits in the proxy's stream, or wait one slice for it. A read that found nothing has
+    blocked for its slice already (the record may have been stored meanwhile by another consumer, such as
+    the catch-up thread, so the caller counts again at once); only a read that came back early (no Redis,
+    or Redis unreachable) leaves the rest of the slice to sleep, so the caller's count never spins."""
+    slice_s, started = min(INGEST_SLICE_S, max(remaining, 0)), time.monotonic()
+    if not ingest_pending_records(slice_s):
+        time.sleep(max(0.0, slice_s - (time.monotonic() - started)))
 
 
 # --- the external harness ------------------------------------------------------------------------------
