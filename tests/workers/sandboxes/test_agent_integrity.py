@@ -436,6 +436,55 @@ def test_a_policy_that_attempts_the_takeover_on_a_failing_task_gets_reward_0(
     assert trajectory.steps.get(kind="eval").exit_code == 1
 
 
+# The other attacks the policy can make on the agent from its own harness command: each must leave the
+# evaluation to the real agent, so the failing task still ends with reward 0 (not an infrastructure error,
+# which would let a policy dodge its bad score).
+KILL_EVERYTHING = (
+    "for p in $(ls /proc | grep '^[0-9]'); do [ \"$p\" = $$ ] || kill -STOP $p 2>/dev/null; done\n"
+    "for p in $(ls /proc | grep '^[0-9]'); do [ \"$p\" = $$ ] || kill -9 $p 2>/dev/null; done\n"
+    "kill -9 -1 2>/dev/null; echo survived; exit 0\n"
+)
+PLANT_SYMLINKS = TAKEOVER + (
+    "for target in agent.sock ../agent.sock .trove/agent.sock; do\n"
+    "  mkdir -p \"$(dirname \"/workspace/$target\")\" 2>/dev/null; ln -sf /tmp/impostor.sock \"/workspace/$target\" 2>/dev/null\n"
+    "done\n"
+    "ln -sfn /tmp /workspace/run 2>/dev/null; true\n"
+)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("attack", [
+    pytest.param(KILL_EVERYTHING, id="kill-and-stop-every-process", marks=as_root),
+    pytest.param(PLANT_SYMLINKS, id="impostor-behind-planted-symlinks"),
+])
+def test_a_policy_that_attacks_the_agent_from_its_harness_on_a_failing_task_gets_reward_0(
+    attack, local_backend, unix_proxy, model_upstream, proxy_only_fleet
+):
+    from tests.webapp.rollouts.jobs_factories import make_endpoint
+    from webapp.rollouts.models import Rollout
+    from webapp.rollouts.services import job_create, taskset_upsert
+    from workers.rollout_runner import rollout_run
+
+    task_set = taskset_upsert(name=f"attack-{uuid.uuid4().hex[:6]}", description="", source="api", tasks=[{
+        "key": "unsolvable", "instruction": "Make status.txt say fixed.", "eval_command": "grep -qx fixed status.txt",
+        "files": {"status.txt": "broken\n"},
+    }])
+    job = job_create(task_set=task_set, fleet=proxy_only_fleet, endpoint=make_endpoint(model_upstream.url),
+                     model_name="stand-in", enqueue=lambda rollout_id: None, harness="external",
+                     harness_command=attack)
+    rollout = job.rollouts.get()
+
+    status = rollout_run(rollout_id=rollout.pk, worker="test-worker")
+
+    rollout.refresh_from_db()
+    assert status == Rollout.Status.FAILED == rollout.status, rollout.error
+    assert rollout.reward == 0.0
+    trajectory = rollout.trajectory
+    assert trajectory.reward == 0.0 and trajectory.success is False
+    assert trajectory.steps.get(kind="command", payload__harness="external").exit_code == 0  # the attack ran
+    assert trajectory.steps.get(kind="eval").exit_code == 1
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_rollout_whose_agent_dies_ends_as_an_infrastructure_error_without_a_reward(
     local_backend, unix_proxy, model_upstream, proxy_only_fleet
