@@ -67,9 +67,13 @@ def sample_row(run: SourceRun, sample: Sample, spec: DatasetSpec, process: list[
 
 
 def _earned_at(run: SourceRun) -> list[tuple[int, str]]:
-    """(step index, label) of each rubric label the run earned at a step, in step order."""
+    """(step index, label) of each rubric label the run earned at a step, in step order. A curator's verdict
+    of false wins over the detector, as in the other kinds' rows; one of true names no step, so it places
+    no label here."""
+    overruled = {label for label, value in run.rubric_overrides if not value}
     changes = run.scored.label_changes()
-    return sorted((step, label) for label, value, step in changes if value and step is not None)
+    return sorted((step, label) for label, value, step in changes
+                  if value and step is not None and label not in overruled)
 
 
 def _within(earned: list[tuple[int, str]], sample: Sample, following: Sample | None) -> list[dict[str, Any]]:
