@@ -293,17 +293,26 @@ def _split_stored(
     rows: list[_Stored], batch: list[TrajectoryRecord]
 ) -> tuple[dict[str, _Stored], dict[str, _Stored]]:
     """Of `rows` (_stored_rows of these records or more), those that share a ref with the batch's records (by
-    ref), and those that share a task key and a content fingerprint (by fingerprint, the oldest first)."""
+    ref), and those that share a task key and a content fingerprint (by fingerprint: the oldest current run,
+    else the oldest replaced one)."""
     refs = {r.source_ref for r in batch}
     task_keys = {r.task_key for r in batch}
     fingerprints = {r.metadata[FINGERPRINT_KEY] for r in batch}
-    by_ref, by_content = {}, {}
+    by_ref: dict[str, _Stored] = {}
+    by_content: dict[str, _Stored] = {}
     for stored in rows:
         if stored.source_ref in refs:
             by_ref[stored.source_ref] = stored
         elif stored.task_key in task_keys and stored.fingerprint in fingerprints:
-            by_content.setdefault(stored.fingerprint or "", stored)
+            twin = by_content.get(stored.fingerprint or "")
+            # A relabelled run replaced with --replace keeps its fingerprint: name the version in use, not history.
+            if twin is None or (_retired(twin) and not _retired(stored)):
+                by_content[stored.fingerprint or ""] = stored
     return by_ref, by_content
+
+
+def _retired(stored: _Stored) -> bool:
+    return stored.source_ref.endswith(f"~replaced-{stored.id}")  # the ref _retire gave it
 
 
 def _stored_for(batch: list[TrajectoryRecord]) -> tuple[dict[str, _Stored], dict[str, _Stored]]:

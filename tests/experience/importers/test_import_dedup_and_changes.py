@@ -96,6 +96,26 @@ def test_replace_re_imports_a_changed_run_and_keeps_the_old_one_as_history(tmp_p
                       new.pk: ("import_replaces", {"replaces": old.pk})}
 
 
+def test_a_copy_of_a_replaced_run_is_a_duplicate_of_its_current_version_not_the_history(tmp_path: Path) -> None:
+    first = trajectories_import_file(path=CONVERSATIONS)
+    rows = raw_jsonl(CONVERSATIONS)
+    rows[0]["reward"], rows[0]["success"] = 0.0, False  # relabelled, same steps: both versions share a fingerprint
+    relabelled = tmp_path / "samples" / CONVERSATIONS.name
+    relabelled.parent.mkdir()
+    relabelled.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    trajectories_import_file(path=relabelled, replace=True)
+    current = Trajectory.objects.get(pk=Trajectory.objects.get(pk=first.trajectory_ids[0]).metadata["replaced_by"])
+    copy = tmp_path / "moved" / "runs.json"
+    copy.parent.mkdir()
+    copy.write_text(json.dumps(rows, indent=2))
+
+    again = trajectories_import_file(path=copy)
+
+    assert again.status == "duplicate"
+    assert [d["duplicate_of"] for d in again.duplicates] == [current.pk, *first.trajectory_ids[1:]]
+    assert again.duplicates[0]["stored_ref"] == current.source_ref
+
+
 def test_a_directory_of_runs_imports_and_a_directory_of_nothing_fails(tmp_path: Path) -> None:
     runs, junk = tmp_path / "runs", tmp_path / "junk"
     runs.mkdir(), junk.mkdir()
