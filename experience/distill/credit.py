@@ -33,7 +33,7 @@ from experience.distill import chat
 from experience.distill.decisions import Decision, decision_at, decision_points
 from experience.distill.rubric import rubric
 from experience.distill.selection import selected_runs
-from experience.distill.source import SourceRun, run_return, run_success
+from experience.distill.source import SourceRun, run_return, run_success, step_label_values
 from experience.distill.spec import DatasetSpec
 from experience.distill.splits import split_for_task
 from experience.records import TrajectoryRecord
@@ -106,6 +106,7 @@ def run_sft_row(run: SourceRun, spec: DatasetSpec) -> Row | None:
         "harmful_decision": cutoff,
         "step_count": len(decisions),
         "trained_turns": trained,
+        "step_labels": step_label_values(run),
     }
 
 

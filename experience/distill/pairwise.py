@@ -9,7 +9,8 @@ Streaming: runs are taken one task at a time, so the caller must supply records 
 task seen again after another raises `UnorderedInputError`); memory holds one task's runs.
 
 A row holds `prompt` (the kept system messages and the task) and `chosen` / `rejected` (the rest of each
-conversation), each conversation cut to the budget from the front as for the other kinds.
+conversation), each conversation cut to the budget from the front as for the other kinds;
+`chosen_step_labels` / `rejected_step_labels` are each side's curator step labels.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from experience.distill import chat
 from experience.distill.decisions import decision_points
 from experience.distill.selection import eligible, grouped_by_task
-from experience.distill.source import SourceRun, run_return, run_success
+from experience.distill.source import SourceRun, run_return, run_success, step_label_values
 from experience.distill.spec import DatasetSpec
 from experience.distill.splits import split_for_task, unit_interval
 
@@ -64,6 +65,8 @@ def task_pairs(task_key: str, task_runs: list[SourceRun], spec: DatasetSpec) -> 
             "rejected_trajectory_id": rejected.trajectory_id,
             "chosen_reward": run_return(chosen.record),
             "rejected_reward": run_return(rejected.record),
+            "chosen_step_labels": step_label_values(chosen),
+            "rejected_step_labels": step_label_values(rejected),
         }
 
 

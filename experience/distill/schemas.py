@@ -78,6 +78,8 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("rejected_trajectory_id", pa.string()),
             ("chosen_reward", pa.float64()),
             ("rejected_reward", pa.float64()),
+            ("chosen_step_labels", STEP_LABELS),
+            ("rejected_step_labels", STEP_LABELS),
         ]
     ),
     "sft": pa.schema(
@@ -92,6 +94,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("harmful_decision", pa.int32()),
             ("step_count", pa.int32()),
             ("trained_turns", pa.int32()),
+            ("step_labels", STEP_LABELS),
         ]
     ),
     "rl": pa.schema(

@@ -33,7 +33,7 @@ class SourceRun:
     outcome (or is gone), so the mark does not let a build leave this run out. `task_set` and `task_key`
     come from the record.
 
-    `step_labels`: curators' labels on its steps, written into its value and outcome rows.
+    `step_labels`: curators' labels on its steps, written into every row made from it (`step_label_values`).
 
     `digest`: the run's decisions as the store keeps them (`digest.RunDigest`), when it
     was read instead of the run's steps (then `record.steps` is empty); value rows are made from it.
@@ -86,6 +86,11 @@ def run_return(record: TrajectoryRecord) -> float | None:
         return float(record.reward)
     success = run_success(record)
     return None if success is None else float(success)
+
+
+def step_label_values(run: SourceRun) -> list[dict[str, Any]]:
+    """The run's curator step labels as a row's `step_labels` column (schemas.STEP_LABELS), in step order."""
+    return [{"step": step, "label": label, "note": note} for step, label, note in run.step_labels]
 
 
 def _json_default(value: Any) -> Any:

@@ -27,7 +27,7 @@ from experience.distill.decisions import decision_points
 from experience.distill.digest import decision_stats, derive, rubric_counts
 from experience.distill.rubric import Rubric
 from experience.distill.selection import selected_runs
-from experience.distill.source import SourceRun, run_return, run_success
+from experience.distill.source import SourceRun, run_return, run_success, step_label_values
 from experience.distill.spec import DatasetSpec
 from experience.distill.splits import split_for_task
 from experience.records import TrajectoryRecord
@@ -111,5 +111,5 @@ def _base_fields(run: SourceRun, spec: DatasetSpec, kind: str) -> Row:
         "task_set": run.record.task_set,
         "group_key": group,
         "split": split,
-        "step_labels": [{"step": step, "label": label, "note": note} for step, label, note in run.step_labels],
+        "step_labels": step_label_values(run),
     }

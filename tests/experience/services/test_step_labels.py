@@ -104,6 +104,42 @@ def test_a_step_label_is_a_column_of_the_runs_dataset_rows(kind, curator, datase
     assert all(row["step_labels"] == [] for row in rows if row["trajectory_id"] != str(runs[0].pk))
 
 
+def test_a_step_label_is_a_column_of_the_runs_sft_rows(curator, dataset_dir):
+    from experience.services import datasets
+    from tests.experience.services.dataset_store import rows_of, store_tasks
+
+    runs = store_tasks([f"task-{n}" for n in range(6)], good=1, bad=0)
+    step_label_add(trajectory_id=runs[0].pk, seq=1, name="good-step", note="read the failing test first", actor=curator)
+    dataset = datasets.dataset_create(name="labelled-sft", kind="sft")
+
+    version = datasets.dataset_version_build(version_id=datasets.dataset_version_request(dataset=dataset, force=True).pk)
+
+    rows = {row["trajectory_id"]: row for row in rows_of(version)}
+    assert rows[str(runs[0].pk)]["step_labels"] == [{"step": 1, "label": "good-step", "note": "read the failing test first"}]
+    assert all(row["step_labels"] == [] for key, row in rows.items() if key != str(runs[0].pk))
+
+
+def test_each_side_of_a_pairwise_row_carries_its_runs_step_labels(curator, dataset_dir):
+    from experience.services import datasets
+    from tests.experience.services.dataset_store import rows_of, store_tasks
+
+    runs = store_tasks([f"task-{n}" for n in range(6)], good=1, bad=1)  # per task: the success, then the failure
+    winner, loser = runs[0], runs[1]
+    step_label_add(trajectory_id=winner.pk, seq=1, name="good-step", note="ran the tests", actor=curator)
+    step_label_add(trajectory_id=loser.pk, seq=2, name="hallucinated-output", note="no such file", actor=curator)
+    dataset = datasets.dataset_create(name="labelled-pairs", kind="pairwise")
+
+    version = datasets.dataset_version_build(version_id=datasets.dataset_version_request(dataset=dataset, force=True).pk)
+
+    rows = rows_of(version)
+    pair = next(row for row in rows if row["chosen_trajectory_id"] == str(winner.pk))
+    assert pair["rejected_trajectory_id"] == str(loser.pk)
+    assert pair["chosen_step_labels"] == [{"step": 1, "label": "good-step", "note": "ran the tests"}]
+    assert pair["rejected_step_labels"] == [{"step": 2, "label": "hallucinated-output", "note": "no such file"}]
+    others = [row for row in rows if row is not pair]
+    assert others and all(row["chosen_step_labels"] == row["rejected_step_labels"] == [] for row in others)
+
+
 def test_a_wrong_tool_label_ends_the_trained_prefix_of_an_sft_row(curator, dataset_dir):
     from experience.services import datasets
     from tests.experience.services.dataset_store import rows_of, store_tasks
