@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 from django.db import DatabaseError, transaction
 from django.db.models import Q
@@ -257,22 +258,23 @@ def _sort_batch(
     `replace`); duplicates by content are reported and left out. `stored`: _stored_for(batch), when the
     caller looked it up already."""
     by_ref, by_content = stored if stored is not None else _stored_for(batch)
-    fresh, retired = [], []
+    fresh: list[TrajectoryRecord] = []
+    retired: list[_Stored] = []
     for record in batch:
-        stored = by_ref.get(record.source_ref)
-        if stored is None:
+        known = by_ref.get(record.source_ref)
+        if known is None:
             twin = by_content.get(record.metadata[FINGERPRINT_KEY])
             if twin is not None:
                 report.duplicates.append({"source_ref": record.source_ref, "duplicate_of": twin.id,
                                           "stored_ref": twin.source_ref})
                 continue
-        elif differs := _differences(stored, record):
+        elif differs := _differences(known, record):
             if not replace:
-                report.changed.append({"source_ref": record.source_ref, "trajectory_id": stored.id,
+                report.changed.append({"source_ref": record.source_ref, "trajectory_id": known.id,
                                        "differs": differs})
                 continue
-            _retire(stored, reason=f"re-imported from {file} with replace: {differs}")
-            retired.append(stored)
+            _retire(known, reason=f"re-imported from {file} with replace: {differs}")
+            retired.append(known)
         fresh.append(record)
     return fresh, retired
 
@@ -383,7 +385,8 @@ def trajectories_import_path(
         report.files.append(FileReport(path=str(root), status=INVALID, error=f"{root}: no such file or directory"))
         return report
     files = trajectory_files(root)
-    options = {"format": format, "on_runs": on_runs, "success_threshold": success_threshold, "replace": replace}
+    options: dict[str, Any] = {"format": format, "on_runs": on_runs, "success_threshold": success_threshold,
+                               "replace": replace}
     for start in range(0, len(files), FILES_PER_COMMIT):
         # Many small files (a session or a trial each) share a commit, and are written together (see
         # _import_small); each file is still all or nothing, but the commit's flush is paid once per group.
