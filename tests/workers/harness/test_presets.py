@@ -36,13 +36,24 @@ def test_a_harness_name_resolves_to_its_pinned_version_or_the_one_asked_for():
     assert canonical("opencode") == "opencode@1.18.33" and canonical("builtin") == "builtin"
 
 
-@pytest.mark.parametrize("bad", ["aider", "codex@../../etc", "codex@1.0 ; rm -rf /", ""])
+@pytest.mark.parametrize("bad", ["aider", "codex@../../etc", "codex@1.0 ; rm -rf /", "", "codex@latest",
+                                 "claude-code@next", "opencode@1.x", "codex@1", "codex@0.171", "qwen-code@^0.24.4",
+                                 "mini-swe-agent@latest", "mini-swe-agent@2.*", "mini-swe-agent@>=2.4"])
 def test_a_name_outside_the_catalogue_or_a_malformed_version_is_refused_naming_the_choices(bad):
     with pytest.raises(UnknownHarness) as refused:
         resolve(bad)
     assert "unknown harness" in str(refused.value) or "is not a version" in str(refused.value)
     if bad == "aider":
         assert "claude-code" in str(refused.value) and "external" in str(refused.value)
+
+
+def test_a_tag_or_range_is_refused_because_it_names_no_one_release():
+    # `latest` would install whatever the registry serves that day, and be recorded as "latest" on every run.
+    with pytest.raises(UnknownHarness, match=r"'latest' is not a version: name an exact npm release \(as 0.171.0\)"):
+        resolve("codex@latest")
+    assert resolve("codex@0.172.0-alpha.3") == (CATALOGUE["codex"], "0.172.0-alpha.3")
+    assert resolve("mini-swe-agent@2.4") == (CATALOGUE["mini-swe-agent"], "2.4")
+    assert resolve("mini-swe-agent@2.5.0rc1") == (CATALOGUE["mini-swe-agent"], "2.5.0rc1")
 
 
 @pytest.mark.parametrize("name", sorted(CATALOGUE))

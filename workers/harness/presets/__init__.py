@@ -17,7 +17,12 @@ CATALOGUE: dict[str, Preset] = {preset.name: preset for preset in (
 BUILTIN_HARNESSES = ("builtin", "external")
 # OpenHands (openhands-sdk) needs Python >= 3.12 inside the sandbox; sandboxes run the host's /usr/bin/python3
 # (3.11 here), so it is not in the catalogue. See docs/harnesses.md.
-_VERSION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+_-]{0,63}$")
+# An exact release, never a dist-tag (`latest`, `next`) or a range (`1`, `1.x` on npm): a bundle is installed once
+# per version string and the string is recorded on every trajectory, so it must name one release for good.
+_EXACT_VERSION = {
+    "npm": re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+(?:[-+][0-9A-Za-z.+-]{1,48})?$"),
+    "pypi": re.compile(r"^[0-9]+(?:\.[0-9]+){0,5}(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+)?$"),
+}
 
 __all__ = ["BUILTIN_HARNESSES", "CATALOGUE", "PROTOCOLS", "Preset", "UnknownHarness", "resolve"]
 
@@ -35,8 +40,10 @@ def resolve(harness: str) -> tuple[Preset, str] | None:
     if preset is None:
         known = ", ".join([*BUILTIN_HARNESSES, *CATALOGUE])
         raise UnknownHarness(f"unknown harness {harness!r}: one of {known} (a preset may name a version: NAME@VERSION)")
-    if version and not _VERSION.match(version):
-        raise UnknownHarness(f"harness {harness!r}: {version!r} is not a version")
+    if version and not _EXACT_VERSION[preset.package.registry].match(version):
+        raise UnknownHarness(
+            f"harness {harness!r}: {version!r} is not a version: name an exact {preset.package.registry} release "
+            f"(as {preset.package.version}), not a tag or a range, so every rollout of it runs the same harness")
     return preset, version or preset.package.version
 
 
