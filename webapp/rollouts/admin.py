@@ -74,7 +74,17 @@ class RolloutJobAdmin(admin.ModelAdmin):
 
 @admin.register(Rollout)
 class RolloutAdmin(admin.ModelAdmin):
+    """View only. Trainers read a rollout's status and reward from the jobs API, so an edit here would change
+    training data without a curation record, and a rollout added by hand would be a result no runner
+    produced. A run's outcome changes through the run's "Change the outcome" action (experience admin)."""
+
     list_display = ("id", "job", "task", "sample_index", "status", "reward", "attempt", "started_at", "finish_seq")
     list_filter = ("status",)
     raw_id_fields = ("job", "task", "sandbox", "trajectory", "rerun_of")
     exclude = ("token",)  # the proxy credential of a running rollout
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
