@@ -50,9 +50,16 @@ def run_page_config(*, trajectory: Trajectory) -> dict[str, Any]:
 
 
 def run_labels(*, trajectory: Trajectory, limit: int = 50) -> list[dict[str, Any]]:
-    """The run's labels (rubric detectors, curators, value models), each with the seq of the step it marks."""
-    rows = trajectory.labels.order_by("name", "id").values_list("name", "value", "source", "step__seq")[:limit]
-    return [{"name": name, "value": value, "source": source, "seq": seq} for name, value, source, seq in rows]
+    """The run's labels (rubric detectors, curators, value models), each with the seq of the step it marks and
+    that step's kind and first preview line (for a rubric label, the action that changed it)."""
+    rows = trajectory.labels.order_by("name", "id").values_list(
+        "name", "value", "source", "step__seq", "step__kind", "step__preview"
+    )[:limit]
+    return [
+        {"name": name, "value": value, "source": source, "seq": seq, "step_kind": kind,
+         "trigger": (preview or "").strip().split("\n", 1)[0]}
+        for name, value, source, seq, kind, preview in rows
+    ]
 
 
 def step_views(*, trajectory: Trajectory, seqs: Sequence[int] | None = None, after: int = -1,

@@ -84,3 +84,25 @@ def test_a_rubric_override_from_the_run_page(curator):
 
     assert Label.objects.get(source="human", step__isnull=True).value["override"] is False
     assert 'id="rubric-override-form"' in curator.get(f"/trajectories/{run}/").content.decode()
+
+
+def test_the_run_page_shows_each_rubric_label_with_the_step_it_changed_at_and_what_that_step_did(curator, settings,
+                                                                                                  tmp_path):
+    from experience.services import datasets
+    from tests.experience.services.dataset_store import store_tasks
+
+    settings.TROVE_DATASET_DIR = tmp_path / "datasets"
+    runs = store_tasks([f"task-{n}" for n in range(6)], good=1, bad=1)
+    dataset = datasets.dataset_create(name="rubric-labelled", kind="value")
+    datasets.dataset_version_build(version_id=datasets.dataset_version_request(dataset=dataset, force=True).pk)
+    changed = (Label.objects.filter(trajectory_id__in=[r.pk for r in runs], source="rubric", step__isnull=False)
+               .select_related("step").first())
+    assert changed is not None, "the build stores rubric labels with the step they changed at"
+
+    page = curator.get(f"/trajectories/{changed.trajectory_id}/").content.decode()
+
+    review = page[page.index('id="review"'):page.index('id="run-review"')]
+    shown = f'{changed.name}: {changed.value} at <a href="#step-{changed.step.seq}">#{changed.step.seq}</a>'
+    assert shown in review
+    trigger = changed.step.preview.splitlines()[0][:60]
+    assert trigger and f'<code class="label-trigger">{trigger}' in review
