@@ -298,3 +298,31 @@ def test_token_ids_and_logprobs_the_upstream_returns_are_recorded(protocol_proxy
     for record in (passed, translated):
         tokens = record.to_step_record().payload["logprobs"]
         assert record.response["choices"][0]["message"]["content"] in "".join(t["token"] for t in tokens)
+
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize(("client", "endpoint"), [("responses", "messages"), ("messages", "responses"),
+                                                  ("gemini", "messages"), ("messages", "gemini")])
+def test_a_call_between_two_protocols_neither_of_them_chat_is_translated_both_ways(
+    protocol_proxy: ProtocolProxy, client: str, endpoint: str, stream: bool
+):
+    # Codex against an Anthropic endpoint, Claude Code against a Responses one: through Chat Completions both
+    # ways. The demo model upstream answers the merged turns of another protocol with another seed, so the
+    # answer is checked for what it is, not against the pass-through's.
+    body = BODIES[client](1)
+
+    _, passed = _call(protocol_proxy, client, client, body, stream=stream)
+    reply, translated = _call(protocol_proxy, client, endpoint, body, stream=stream)
+
+    assert reply.status == 200, reply.body[:300]
+    assert (translated.protocol, translated.upstream_protocol) == (client, endpoint)
+    assert not translated.is_error, translated.error
+    assert translated.request == passed.request, "the record holds what the harness sent, whatever went upstream"
+    assert translated.raw["upstream"]["protocol"] == endpoint and translated.raw["response"].encode() == reply.body
+    (call_id, name, arguments), = _normalised_answer(translated)["tool_calls"]
+    offered = {tool["function"]["name"] for tool in translated.request["tools"]}
+    assert name in offered and arguments and name.encode() in reply.body
+    if client != "gemini":  # Gemini's function calls carry no id
+        assert call_id.encode() in reply.body, "the harness gets the tool call under the id the record links"
+    assert translated.usage["completion_tokens"] > 0
