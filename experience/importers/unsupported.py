@@ -16,6 +16,10 @@ _GEMINI_CHAT = re.compile(rb'"sessionId"\s*:.{0,2000}?"projectHash"\s*:', re.DOT
 _GEMINI_TURN = re.compile(rb'"type"\s*:\s*"gemini"')
 _LANGSMITH = re.compile(rb'"run_type"\s*:\s*"(llm|chain|tool)"')
 
+# Dotfiles a tool writes where people keep their work: an import of that folder reads them, though it skips
+# other hidden files, so the answer names the format rather than finding nothing.
+DOTFILE_NAMES = frozenset({".aider.chat.history.md"})
+
 KNOWN = {
     "aider": "an aider chat history (.aider.chat.history.md)",
     "gemini_log": "a Gemini CLI log (~/.gemini/tmp/<project>/logs.json)",

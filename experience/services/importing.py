@@ -40,7 +40,7 @@ from django.db import DatabaseError, transaction
 from django.db.models import Q
 
 from experience.errors import TroveError
-from experience.importers import REGISTRY, detect_format, harbor, iter_records, reports
+from experience.importers import REGISTRY, detect_format, harbor, iter_records, reports, unsupported
 from experience.importers.errors import ImportFormatError
 from experience.importers.fingerprint import FINGERPRINT_KEY, fingerprint
 from experience.models import CurationEvent, Trajectory
@@ -579,7 +579,9 @@ def trajectory_files(root: Path) -> list[tuple[Path, str | None]]:
 
 
 def _hidden(relative: Path) -> bool:
-    return any(part.startswith(".") for part in relative.parts)
+    *folders, name = relative.parts
+    hidden_name = name.startswith(".") and name not in unsupported.DOTFILE_NAMES
+    return hidden_name or any(part.startswith(".") for part in folders)
 
 
 def trajectories_import_upload(

@@ -132,6 +132,22 @@ def test_a_directory_of_runs_imports_and_a_directory_of_nothing_fails(tmp_path: 
     call_command("import", str(runs), "--no-progress", "--no-index", stdout=StringIO())  # present again: fine
 
 
+def test_a_project_folder_names_its_aider_history_though_other_dotfiles_stay_unread(tmp_path: Path) -> None:
+    # aider writes its history as a dotfile at the project's root: skipped with the other hidden files, a
+    # folder holding one would say "none a trajectory file" without naming the format.
+    project = tmp_path / "proj"
+    (project / ".git").mkdir(parents=True)
+    (project / ".git" / "config").write_text("[core]\n")
+    (project / ".aider.chat.history.md").write_text("\n# aider chat started at 2025-01-02 10:00:00\n\n#### fix it\n")
+
+    report = trajectories_import_path(path=project)
+
+    assert [(Path(f.path).name, f.status) for f in report.files] == [(".aider.chat.history.md", "unrecognised")]
+    assert "this looks like an aider chat history" in report.files[0].error
+    with pytest.raises(CommandError, match=r"nothing imported \(1 file\(s\)"):
+        call_command("import", str(project), "--no-progress", "--no-index", stdout=StringIO())
+
+
 def test_the_command_passes_the_success_threshold_and_replace(tmp_path: Path) -> None:
     path = tmp_path / "scores.json"
     rows = [{"task_id": "t", "trial": 0, "score": 0.8, "messages": [{"role": "user", "content": "hi"}]}]
