@@ -149,7 +149,9 @@ def _model_call(
         kind="model_call",
         request_messages=context,
         response_text=content_text(message.get("content")),
-        text=side_reasoning(message),  # the thought a provider returns beside the content (Gemini's, ...)
+        # the thought a provider returns beside the content (Gemini's, ...): format 1.1 saves the provider's
+        # message whole; format 1 saves only its content, the message being in the saved response
+        text=side_reasoning(message) or side_reasoning(_response_message(response)),
         tool_calls=normalise_tool_calls(message.get("tool_calls")),
         model=response.get("model") if isinstance(response.get("model"), str) else None,
         tokens_in=count_or_none(usage.get("prompt_tokens", usage.get("input_tokens"))),
@@ -159,6 +161,11 @@ def _model_call(
         response_json=response or None,
         payload=payload,
     )
+
+
+def _response_message(response: dict) -> dict:
+    choices = as_list(response.get("choices"))
+    return as_dict(as_dict(choices[0]).get("message")) if choices else {}
 
 
 def _actions(message: dict, extra: dict) -> list[dict[str, Any]]:

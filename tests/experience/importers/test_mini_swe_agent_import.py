@@ -140,3 +140,26 @@ def test_a_timed_out_command_keeps_its_timeout_message_and_is_an_error_without_e
     assert (first.command, first.exit_code, first.is_error) == ('grep -rn "def divide" src/', None, True)
     assert first.output == "src/calc.py:12:def divide(a, b):" and first.payload["timeout_message"] == timeout
     assert not any(s.kind == "observation" and s.text == timeout for s in record.steps)
+
+
+def _first_model_call(raw: dict, tmp_path, name: str):
+    path = tmp_path / name
+    path.write_text(json.dumps(raw))
+    [record] = list(iter_records(path))
+    return next(s for s in record.steps if s.kind == "model_call")
+
+
+def test_format_1_reads_the_thought_a_provider_returns_beside_the_content_from_the_saved_response(tmp_path) -> None:
+    # Format 1 saves the assistant message as {content, extra: {response}}: Gemini's reasoning_content (through
+    # LiteLLM) lives only in the saved response's message.
+    raw = raw_json(MINI_V1)
+    message = next(m for m in raw["messages"] if m["role"] == "assistant")
+    message["extra"]["response"]["choices"][0]["message"]["reasoning_content"] = "divide is in src/calc.py, likely"
+    assert _first_model_call(raw, tmp_path, "gemini.traj.json").text == "divide is in src/calc.py, likely"
+
+
+def test_format_1_1_reads_the_thought_a_provider_returns_beside_the_content_on_the_message(tmp_path) -> None:
+    raw = raw_json(MINI_V2)
+    message = next(m for m in raw["messages"] if m["role"] == "assistant")
+    message["reasoning_content"] = "look at the validators first"
+    assert _first_model_call(raw, tmp_path, "gemini.traj.json").text == "look at the validators first"
