@@ -62,3 +62,16 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None or raw == "":
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_mapping(name: str) -> dict[str, str]:
+    """`KEY=VALUE,KEY=VALUE` as a dict; an item without a key or a value, or a key given twice, is refused."""
+    mapping: dict[str, str] = {}
+    for item in env_list(name, []):
+        key, _, value = (part.strip() for part in item.partition("="))
+        if not key or not value:
+            raise ConfigError(f"{name}: {item!r} is not KEY=VALUE (items are separated by commas)")
+        if key in mapping:
+            raise ConfigError(f"{name}: {key!r} is given twice")
+        mapping[key] = value
+    return mapping

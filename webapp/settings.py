@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from webapp.env import ConfigError, env_bool, env_choice, env_int, env_list, env_str
+from webapp.env import ConfigError, env_bool, env_choice, env_int, env_list, env_mapping, env_str
 from webapp.var_dir import private_dir, private_file, sandbox_host_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -243,7 +243,7 @@ TROVE_DATASET_DIR = Path(env_str("TROVE_DATASET_DIR") or VAR_DIR / "datasets")
 TROVE_INDEX_DIR = Path(env_str("TROVE_INDEX_DIR") or VAR_DIR / "index")
 # RL samples of calls recorded without token ids are re-tokenised with the tokenizer their endpoint names
 # here, "endpoint=/path/tokenizer.json,..." (an operator's setting: no job or dataset spec names a file).
-TROVE_RL_TOKENIZERS = dict(item.split("=", 1) for item in env_list("TROVE_RL_TOKENIZERS", []))
+TROVE_RL_TOKENIZERS = env_mapping("TROVE_RL_TOKENIZERS")
 TROVE_DEDUP_EMBEDDER = env_choice("TROVE_DEDUP_EMBEDDER", "lexical", ("lexical", "minilm"))  # dedup README
 DATA_UPLOAD_MAX_MEMORY_SIZE = TROVE_MAX_BODY_BYTES
 
