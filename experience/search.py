@@ -37,6 +37,7 @@ from experience.services.step_labels import runs_with_step_label
 
 OUTCOMES = ("success", "failure", "unknown")
 DUPLICATE_CHOICES = ("any", "exclude", "only")
+CLUSTER_OUTCOMES = ("mixed", "same")  # as the clusters page's `outcomes` (services.dedup.OUTCOME_FILTERS)
 LIST_DEFERRED = ("instruction", "final_diff", "metadata", "notes")  # large columns a list never shows
 DEFAULT_PAGE, MAX_PAGE = 50, 500
 SIMILAR_LIMIT = 50
@@ -63,6 +64,7 @@ class TrajectoryFilters:
     q: str = ""  # full text over step content
     similar: int | None = None  # runs similar to this trajectory id (see similar_ids)
     step_label: str = ""  # runs with a curator's label of this name on a step (services.step_labels)
+    cluster_outcomes: str = ""  # mixed | same: runs in a dedup cluster whose runs' outcomes differ / agree
 
     def is_empty(self) -> bool:
         return self == TrajectoryFilters()
@@ -114,6 +116,8 @@ def _column_filters(filters: TrajectoryFilters) -> Q:
         condition &= Q(success={"success": True, "failure": False, "unknown": None}[filters.outcome])
     if filters.duplicate != "any":
         condition &= Q(is_duplicate=filters.duplicate == "only")
+    if filters.cluster_outcomes:  # a run in no cluster matches neither
+        condition &= Q(cluster__mixed_outcomes=filters.cluster_outcomes == "mixed")
     if filters.created_after:
         condition &= Q(created_at__gte=filters.created_after)
     if filters.created_before:
@@ -228,6 +232,8 @@ def filters_from_params(params: Mapping[str, Any]) -> TrajectoryFilters:
         values["outcome"] = _choice(_text(params, "outcome"), OUTCOMES, "outcome")
     if params.get("duplicate"):
         values["duplicate"] = _choice(_text(params, "duplicate"), DUPLICATE_CHOICES, "duplicate")
+    if params.get("cluster_outcomes"):
+        values["cluster_outcomes"] = _choice(_text(params, "cluster_outcomes"), CLUSTER_OUTCOMES, "cluster_outcomes")
     for name in ("created_after", "created_before"):
         if params.get(name):
             values[name] = parse_moment(_text(params, name), name)

@@ -21,6 +21,7 @@ from experience.errors import TroveError
 from experience.importers import REGISTRY
 from experience.models import Trajectory
 from experience.search import (
+    CLUSTER_OUTCOMES,
     DUPLICATE_CHOICES,
     OUTCOMES,
     Page,
@@ -41,7 +42,8 @@ from webapp.dashboard.saved_filters import saved_filter_menu
 
 PAGE = 50
 FILTER_NAMES = ("q", "task", "task_set", "model", "harness", "source", "source_format", "status", "outcome",
-                "curation", "duplicate", "tags", "created_after", "created_before", "similar", "ids", "step_label")
+                "curation", "duplicate", "tags", "created_after", "created_before", "similar", "ids", "step_label",
+                "cluster_outcomes")
 
 
 # Sortable columns (`sort=reward`, `sort=-reward`): anything but the newest-first default pages by offset.
@@ -77,7 +79,7 @@ def explorer(request: HttpRequest) -> HttpResponse:
     context: dict = {"params": params, "view": view, "sorts": SORTS, "statuses": Trajectory.Status.values, "outcomes": OUTCOMES,
                      "curations": Trajectory.Curation.values, "duplicates": DUPLICATE_CHOICES, "actions": ACTIONS,
                      "can_curate": request.user.has_perm(CURATE_PERMISSION), "rows": [], "error": "",
-                     "step_label_set": step_label_set()}
+                     "step_label_set": step_label_set(), "cluster_outcomes": CLUSTER_OUTCOMES}
     try:
         filters = filters_from_params(params)
         if filters.similar is not None:  # most similar first, one page

@@ -178,3 +178,33 @@ def test_the_clusters_page_marks_and_filters_mixed_outcome_clusters(runs, resear
     assert member_ids(researcher.get(f"/clusters/{twins}/"))[0] == twin_b  # the success is the canonical
     assert "its outcome differs from the canonical" in researcher.get(f"/trajectories/{twin_a}/").content.decode()
     assert "Canonical run of" in researcher.get(f"/trajectories/{twin_b}/").content.decode()
+
+
+def test_a_review_queue_of_the_clusters_that_mix_outcomes_holds_exactly_their_runs(runs, curator):
+    from experience.models import ReviewQueue
+
+    _, twins, other = runs
+    mixed = set(Trajectory.objects.filter(cluster__mixed_outcomes=True).values_list("pk", flat=True))
+    assert set(twins) <= mixed and other not in mixed
+
+    listed = curator.get("/trajectories/?cluster_outcomes=mixed")
+    made = curator.post("/queues/", {"name": "mixed clusters", "cluster_outcomes": "mixed"})
+
+    assert listed.status_code == 200
+    assert {int(i) for i in re.findall(r'<tr data-id="(\d+)"', listed.content.decode())} == mixed
+    queue = ReviewQueue.objects.get(name="mixed clusters")
+    assert made.status_code == 302 and queue.filters == {"cluster_outcomes": "mixed"}
+    assert set(queue.items.values_list("trajectory_id", flat=True)) == mixed
+
+
+def test_the_explorer_names_a_bad_cluster_outcomes_value(curator):
+    page = curator.get("/trajectories/?cluster_outcomes=some")
+
+    assert page.status_code == 400
+    assert "cluster_outcomes: &#x27;some&#x27; is not one of mixed, same" in page.content.decode()
+
+
+def test_the_clusters_page_links_to_the_explorer_of_their_runs(runs, curator):
+    page = curator.get("/clusters/?outcomes=mixed").content.decode()
+
+    assert 'href="/trajectories/?cluster_outcomes=mixed"' in page
