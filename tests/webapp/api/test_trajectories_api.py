@@ -85,6 +85,21 @@ def test_a_bad_filter_is_a_400_naming_it(api):
     assert response.json()["field"] == "outcome"
 
 
+def test_search_filters_by_step_label_and_by_cluster_outcomes_as_the_explorer_does(api):
+    from experience.services.step_labels import step_label_add
+
+    labelled, plain = stored(run_record(calls=2), run_record(calls=2))
+    step_label_add(trajectory_id=labelled, seq=1, name="reward-hack", actor=api.user)
+
+    found = api.get("/api/v1/trajectories/", {"step_label": "reward-hack"})
+    unclustered = api.get("/api/v1/trajectories/", {"cluster_outcomes": "same"})
+    bad = api.get("/api/v1/trajectories/", {"cluster_outcomes": "some"})
+
+    assert [row["id"] for row in found.json()["results"]] == [labelled] != [plain]
+    assert unclustered.json()["results"] == []  # neither run is in a dedup cluster
+    assert bad.status_code == 400 and bad.json()["field"] == "cluster_outcomes"
+
+
 def test_search_needs_authentication():
     assert APIClient().get("/api/v1/trajectories/").status_code in (401, 403)
 
