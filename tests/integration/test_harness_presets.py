@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from pathlib import Path
 
 import pytest
 from django.conf import settings
 
+from experience.importers import detect_format, iter_records
 from experience.models import Trajectory
 from experience.run_steps import step_views
 from experience.services.blobs import blob_get
@@ -82,6 +84,23 @@ def bundle_backend(local_backend):
     return local_backend
 
 
+# The catalogue's harnesses whose own logs Trove imports (issue 17): the log of the version it installs must read.
+NATIVE_LOG_FORMATS = {"codex": "codex", "claude-code": "claude_code", "mini-swe-agent": "mini_swe_agent"}
+
+
+def assert_native_logs_import(entries: list[dict], format: str, folder: Path) -> None:
+    """The native logs, written out where they were (a session's subagents beside it), import as `format`."""
+    for entry in entries:
+        path = folder / entry["path"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(blob_get(entry["sha256"]))
+    files = [folder / e["path"] for e in entries if "/subagents/" not in e["path"]]
+    assert [detect_format(f) for f in files] == [format] * len(files), [e["path"] for e in entries]
+    runs = [run for f in files for run in iter_records(f)]
+    kinds = {step.kind for run in runs for step in run.steps}
+    assert runs and "model_call" in kinds and kinds & {"command", "tool_call"}, (format, kinds)
+
+
 def require_bundle(name: str) -> tuple[presets.Preset, str]:
     preset, version = presets.resolve(name)
     assert bundle_installed(settings.TROVE_HARNESS_DIR, preset, version), (
@@ -114,7 +133,7 @@ def replayed_tool_calls(trajectory: Trajectory) -> list[dict]:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("name", RUNNABLE)
 def test_a_preset_solves_a_demo_task_through_the_proxy_in_its_own_protocol(
-    bundle_backend, unix_proxy, demo_model, demo_task_set, harness_fleet, name
+    bundle_backend, unix_proxy, demo_model, demo_task_set, harness_fleet, name, tmp_path
 ):
     preset, version = require_bundle(name)
     job = preset_job(demo_task_set, harness_fleet, demo_model, name)
@@ -139,6 +158,8 @@ def test_a_preset_solves_a_demo_task_through_the_proxy_in_its_own_protocol(
     assert log_note.payload["native_logs"], f"{name} left its native log ({preset.native_logs})"
     first = log_note.payload["native_logs"][0]
     assert len(blob_get(first["sha256"])) == first["bytes"] > 0
+    if name in NATIVE_LOG_FORMATS:
+        assert_native_logs_import(log_note.payload["native_logs"], NATIVE_LOG_FORMATS[name], tmp_path)
     # printed by the harness's script after it, in its exec: none of their own, nothing of them in its output
     assert not SandboxEvent.objects.filter(sandbox=rollout.sandbox, kind="exec", reason="collect native logs").exists()
     harness_step = trajectory.steps.get(kind="command", payload__harness=f"{name}@{version}")
