@@ -42,3 +42,11 @@ class UnorderedInputError(RuntimeError):
 
 class RowShapeError(RuntimeError):
     """A row does not fit the declared Parquet schema of its kind (a field the schema does not know)."""
+
+
+class TokenizerUnavailable(DistillError):
+    """The tokenizer an operator named for an endpoint (TROVE_RL_TOKENIZERS) cannot be loaded: the server's
+    configuration is wrong, not the caller's request, so a 503 that names the endpoint, the file and why."""
+
+    status_code = 503
+    code = "tokenizer_unavailable"

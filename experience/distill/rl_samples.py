@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from experience.distill.errors import TokenizerUnavailable
 from experience.records import MessageRecord, StepRecord
 
 REMINDER_MARK = "<system-reminder>"
@@ -419,7 +420,14 @@ def configured_encoder(endpoint: str) -> Encode | None:
     from django.conf import settings
 
     path = getattr(settings, "TROVE_RL_TOKENIZERS", {}).get(endpoint)
-    return _cached_encoder(path) if path else None
+    if not path:
+        return None
+    try:
+        return _cached_encoder(path)
+    except Exception as error:  # tokenizers raises a bare Exception ("No such file or directory (os error 2)")
+        raise TokenizerUnavailable(
+            f"TROVE_RL_TOKENIZERS: the tokenizer for endpoint {endpoint!r} cannot be loaded from {path}: {error}"
+        ) from error
 
 
 @functools.lru_cache(maxsize=8)

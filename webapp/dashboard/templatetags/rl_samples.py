@@ -11,6 +11,7 @@ from typing import Any
 
 from django import template
 
+from experience.distill.errors import TokenizerUnavailable
 from experience.models import Step
 from experience.services.rl_samples import assembly_summary, run_samples, samples_overview
 from webapp.rollouts.models import Rollout
@@ -31,7 +32,10 @@ def run_samples_panel(trajectory: Any) -> dict[str, Any]:
         calls = max(calls, trajectory.n_model_calls)
         return {"summary": {"calls": calls, "samples": 0, "note": f"more than {RUN_CALLS} model calls are not assembled on this page (the samples API or an rl dataset does)"},
                 "samples": []}
-    assembly = run_samples(trajectory_ids=[trajectory.pk])[trajectory.pk]
+    try:
+        assembly = run_samples(trajectory_ids=[trajectory.pk])[trajectory.pk]
+    except TokenizerUnavailable as error:  # an operator's setting: the panel says so, the run page still shows
+        return {"summary": {"calls": calls, "samples": 0, "note": error.message}, "samples": []}
     return {"summary": assembly_summary(assembly), "samples": assembly.samples}
 
 
@@ -41,5 +45,8 @@ def job_samples_line(job: Any) -> dict[str, Any]:
         Rollout.objects.filter(job_id=job.pk, status__in=TRAINING, trajectory__isnull=False)
         .order_by("-finish_seq").values_list("trajectory_id", flat=True)[:JOB_RUNS]
     )
-    overview = samples_overview(run_samples(trajectory_ids=ids).values()) if ids else None
+    try:
+        overview = samples_overview(run_samples(trajectory_ids=ids).values()) if ids else None
+    except TokenizerUnavailable as error:
+        return {"overview": None, "capped": False, "error": error.message}
     return {"overview": overview, "capped": len(ids) == JOB_RUNS}
