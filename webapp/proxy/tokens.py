@@ -13,7 +13,14 @@ What keeps the check cheap:
 - no thread hop on Postgres: the query runs on an async psycopg connection in the proxy's own event
   loop, kept open. Handing each check to a thread and back cost more than the query on a busy machine
   (every hand-off waits for the GIL and the scheduler). Other databases (SQLite, embedded) are queried
-  on one dedicated thread that keeps its Django connection.
+  on one dedicated thread that keeps its Django connection;
+- prepared statements on Postgres: planning the join cost about four times running it. A round's tokens
+  are padded to a power of two (at most MAX_TOKENS_PER_QUERY a query), so a handful of statements serve
+  every round, each prepared once per connection.
+Why not cache a token's answer and skip the query: an attempt also ends where only the database hears of
+it (a job cancelled, a rollout reaped, requeued or given a new attempt's token), and nothing cheaper than a
+round trip to the database could tell the proxy so before the next call; the prepared query is about that
+round trip.
 The upstream API key is cached per secret reference for KEY_CACHE_S, as reading it may mean reading a file;
 the reference is checked against the allow-list each time it is read (webapp/rollouts/endpoints.py).
 """
@@ -40,6 +47,7 @@ log = logging.getLogger("trove.proxy")
 KEY_CACHE_S = 60.0
 QUERY_TIMEOUT_S = 10.0  # past this the calls waiting get 503 rather than hang with a stuck database
 CONNECT_TIMEOUT_S = 5
+MAX_TOKENS_PER_QUERY = 512  # a power of two, within SQLite's oldest parameter limit (999)
 _Answer = Target | None | Exception
 # token hash, rollout id, trajectory id, the job's endpoint: base URL, key reference, private network
 # allowed, name, protocol; the job's model name; the endpoint's token capture and policy version source; the
@@ -114,11 +122,17 @@ class TokenResolver:
         self.queries += 1
         by_hash = {rollout_token_hash(token): token for token in tokens}
         try:
-            rows = await asyncio.wait_for(self._lookup.rows(list(by_hash)), self._query_timeout_s)
+            rows = await asyncio.wait_for(self._rows(list(by_hash)), self._query_timeout_s)
         except Exception as exc:  # every waiting call learns the database could not answer
             log.warning("rollout token lookup failed: %r", exc)
             return {token: exc for token in tokens}
         return {by_hash[row[0]]: self._target(*row) for row in rows}
+
+    async def _rows(self, hashes: list[str]) -> list[Row]:
+        rows: list[Row] = []
+        for shape in _query_shapes(hashes):
+            rows.extend(await self._lookup.rows(shape))
+        return rows
 
     def _target(self, token_hash: str, rollout_id: int, trajectory_id: int, base_url: str, key_ref: str,
                 allow_private_network: bool, endpoint: str, protocol: str, model_name: str, token_capture: str = "off",
@@ -138,6 +152,19 @@ class TokenResolver:
             log.error("rollout %s: endpoint %s: cannot use its key: %s", rollout_id, endpoint, message)
             return replace(target, refusal=f"endpoint {endpoint!r} cannot be used: {message}")
         return replace(target, upstream_api_key=key)
+
+
+def _query_shapes(hashes: list[str]) -> list[list[str]]:
+    """A round's token hashes as the lists its queries take: at most MAX_TOKENS_PER_QUERY each (a flood of
+    tokens must not make one statement past the database's parameter limit), each padded with its last hash
+    to a power of two, so every query is one of a few statements, each prepared once per connection, however
+    the calls arrive. A repeated hash matches the same row once."""
+    shapes = []
+    for start in range(0, len(hashes), MAX_TOKENS_PER_QUERY):
+        chunk = hashes[start:start + MAX_TOKENS_PER_QUERY]
+        size = 1 << (len(chunk) - 1).bit_length()
+        shapes.append(chunk + [chunk[-1]] * (size - len(chunk)))
+    return shapes
 
 
 def _max_calls(harness: str, max_steps: int) -> int:
@@ -163,7 +190,9 @@ class PostgresLookup:
         for attempt in (1, 2):
             try:
                 return await self._query(tokens)
-            except psycopg.OperationalError:
+            # A stale prepared statement (a migration changed the tables it reads) fails once, as a dropped
+            # connection does: a new connection prepares it afresh.
+            except (psycopg.OperationalError, psycopg.errors.FeatureNotSupported):
                 await self.close()
                 if attempt == 2:
                     raise
@@ -180,8 +209,10 @@ class PostgresLookup:
     async def _query(self, tokens: list[str]) -> list[Row]:
         if self._connection is None or self._connection.closed:
             self._connection = await psycopg.AsyncConnection.connect(**self._params, autocommit=True)
+        # Prepared: planning the three-table join cost several times executing it (each count of tokens
+        # a round carries is its own statement, prepared on its first use on this connection).
         cursor = await self._connection.execute(_running_rollouts_sql(len(tokens)),
-                                                [Rollout.Status.RUNNING, *tokens])
+                                                [Rollout.Status.RUNNING, *tokens], prepare=True)
         return await cursor.fetchall()
 
 
