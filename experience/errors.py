@@ -29,6 +29,13 @@ class NotFound(TroveError):
     code = "not_found"
 
 
+class Forbidden(TroveError):
+    """The caller may not do this, whatever the input (a role's limit, not a bad value)."""
+
+    status_code = 403
+    code = "forbidden"
+
+
 class Conflict(TroveError):
     status_code = 409
     code = "conflict"

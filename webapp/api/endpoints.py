@@ -2,7 +2,8 @@
 
 Anyone who may read jobs may list them (a trainer names one in a job). Registering one needs the scope
 `endpoints:write` (the ops role, or an admin; webapp/access/scopes.py checks sessions and tokens alike), since
-an endpoint decides where calls go, with which key, and whether private addresses may be reached.
+an endpoint decides where calls go, with which key, and whether private addresses may be reached (that last
+one only an admin may allow: webapp/rollouts/endpoints.py).
 A key is never accepted or returned: `key_ref` names where it lives, from the allow-list in
 webapp/rollouts/endpoints.py.
 """

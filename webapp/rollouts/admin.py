@@ -2,7 +2,7 @@ from django import forms
 from django.contrib import admin
 
 from experience.errors import ValidationError
-from webapp.rollouts.endpoints import endpoint_fields_clean
+from webapp.rollouts.endpoints import endpoint_fields_clean, may_allow_private_network
 from webapp.rollouts.models import ModelEndpoint, Rollout, RolloutJob, Task, TaskSet
 
 
@@ -38,11 +38,14 @@ class ModelEndpointForm(forms.ModelForm):
         data = super().clean()
         if self.errors:
             return data
+        def given(field, default=""):  # a field shown read-only is not in the form: the row's value holds
+            return data[field] if field in data else getattr(self.instance, field, default)
+
         try:
             data.update(endpoint_fields_clean(
-                name=data["name"], base_url=data["base_url"], protocol=data["protocol"],
+                name=data["name"], base_url=given("base_url"), protocol=data["protocol"],
                 model_names=data["model_names"] if isinstance(data["model_names"], list) else [],
-                key_ref=data.get("key_ref", ""), allow_private_network=data.get("allow_private_network", False),
+                key_ref=data.get("key_ref", ""), allow_private_network=given("allow_private_network", False),
                 token_capture=data.get("token_capture", "off"),
                 policy_version_from=data.get("policy_version_from", "")))
         except ValidationError as error:
@@ -58,6 +61,17 @@ class ModelEndpointAdmin(admin.ModelAdmin):
                     "created_at")
     list_filter = ("protocol", "allow_private_network", "token_capture")
     readonly_fields = ("created_by", "created_at")
+
+    def get_readonly_fields(self, request, obj=None):
+        """Only an admin may allow private networks (webapp/rollouts/endpoints.py); for anyone else the flag
+        is shown, not editable, and an endpoint that has it keeps its address too (else pointing it at
+        169.254.169.254 would need no admin)."""
+        fields = list(super().get_readonly_fields(request, obj))
+        if not may_allow_private_network(request.user):
+            fields.append("allow_private_network")
+            if obj is not None and obj.allow_private_network:
+                fields.append("base_url")
+        return fields
 
     def save_model(self, request, obj, form, change):
         if not change:

@@ -10,7 +10,10 @@ Errors name the field and never echo the reference back (someone may have pasted
 
 Addresses: at registration the base URL's host is resolved and refused when it reaches a non-public address
 without allow_private_network (a clear error early); the proxy checks again at every connection, which is
-the check that holds (webapp/proxy/addresses.py).
+the check that holds (webapp/proxy/addresses.py). Only an admin (a superuser, or the server's own shell:
+`manage.py endpoint add`, the demo) may allow private networks: an endpoint that may reach loopback,
+link-local or private addresses can aim a job's calls at Trove itself or a cloud's metadata service, which an
+ops account registering endpoints for its jobs must not be able to do.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 
-from experience.errors import Conflict, NotFound, ValidationError
+from experience.errors import Conflict, Forbidden, NotFound, ValidationError
 from webapp.env import env_str
 from webapp.proxy.addresses import address_refusal
 from webapp.rollouts.models import ModelEndpoint
@@ -188,13 +191,28 @@ def _model_names(model_names: Iterable[str]) -> list[str]:
 
 def endpoint_register(*, created_by=None, description: str = "", resolve: Resolver = socket.getaddrinfo,
                       **fields: Any) -> ModelEndpoint:
-    """Register an endpoint (admins and ops only: the callers check). Conflict when the name is taken."""
+    """Register an endpoint (admins and ops only: the callers check). Conflict when the name is taken;
+    Forbidden when someone other than an admin asks for private networks (`created_by` None is the server's
+    own shell)."""
+    if fields.get("allow_private_network") and not may_allow_private_network(created_by):
+        raise Forbidden(PRIVATE_NETWORK_ADMINS_ONLY, field="allow_private_network")
     cleaned = endpoint_fields_clean(resolve=resolve, **fields)
     try:
         with transaction.atomic():
             return ModelEndpoint.objects.create(**cleaned, description=description, created_by=created_by)
     except IntegrityError:
         raise Conflict(f"name: an endpoint named {cleaned['name']!r} exists already", field="name") from None
+
+
+PRIVATE_NETWORK_ADMINS_ONLY = (
+    "allow_private_network: only an admin may let an endpoint reach loopback, link-local or private addresses "
+    "(ask one to register it, in the admin or with manage.py endpoint add --allow-private-network)")
+
+
+def may_allow_private_network(user) -> bool:
+    """Whether `user` may let an endpoint reach non-public addresses: an admin, or nobody (the server's own
+    shell: management commands and the demo register with no user)."""
+    return user is None or bool(getattr(user, "is_superuser", False))
 
 
 # --- naming one ----------------------------------------------------------------------------------------

@@ -86,14 +86,28 @@ def test_a_key_reference_outside_the_allow_list_is_refused_without_echoing_it(re
     ("http://[::1]:8000/v1", "loopback"),
 ])
 def test_a_private_address_needs_allow_private_network(base_url, reason):
-    ops = persona("ops")
+    admin = get_user_model().objects.create_superuser("root-admin")
+    client = APIClient()
+    client.force_login(admin)
 
-    refused = register(ops, base_url=base_url)
-    allowed = register(ops, base_url=base_url, allow_private_network=True)
+    refused = register(client, base_url=base_url)
+    allowed = register(client, base_url=base_url, allow_private_network=True)
 
     assert refused.status_code == 400 and refused.json()["field"] == "base_url"
     assert reason in refused.json()["detail"] and "allow_private_network" in refused.json()["detail"]
     assert allowed.status_code == 201 and ModelEndpoint.objects.get().allow_private_network is True
+
+
+@pytest.mark.parametrize("scoped", [True, False])
+@pytest.mark.parametrize("base_url", ["http://169.254.169.254/latest", "http://127.0.0.1:8000/v1", PUBLIC])
+def test_ops_cannot_open_private_networks_only_an_admin_can(base_url, scoped):
+    """The attack: an ops account registers an endpoint that may reach Trove's own web app or a cloud's
+    metadata service, then points a job at it. Allowing private networks is an admin's decision."""
+    response = register(persona("ops", scoped=scoped), base_url=base_url, allow_private_network=True)
+
+    assert response.status_code == 403, response.content
+    assert response.json()["field"] == "allow_private_network" and "only an admin" in response.json()["detail"]
+    assert not ModelEndpoint.objects.exists()
 
 
 @pytest.mark.parametrize(("change", "field"), [

@@ -15,7 +15,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 
-from experience.errors import ValidationError
+from experience.errors import Forbidden, ValidationError
 from tests.webapp.rollouts.jobs_factories import make_endpoint, make_fleet, make_job
 from webapp.rollouts.endpoints import KeyUnavailable, endpoint_register, key_resolve
 from webapp.rollouts.models import ModelEndpoint, RolloutJob
@@ -133,6 +133,56 @@ def test_the_admin_form_runs_the_same_checks(admin_client_):
     assert created.status_code == 302
     endpoint = ModelEndpoint.objects.get()
     assert (endpoint.name, endpoint.key_ref, endpoint.created_by.username) == ("hosted", "env:TROVE_MODEL_KEY_X", "root")
+
+
+@pytest.fixture
+def ops_staff_client():
+    """Someone in the ops role with access to the admin (staff), who is not an admin (not a superuser)."""
+    from webapp.access.roles import role_groups_sync
+
+    user = get_user_model().objects.create_user("ops-staff", password="pw", is_staff=True)
+    user.groups.add(role_groups_sync()["ops"])
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_in_the_admin_only_an_admin_may_allow_private_networks(ops_staff_client, admin_client_):
+    """The attack through the admin: an ops account ticks allow_private_network on a new endpoint, or moves an
+    endpoint that already has it to the metadata service. The flag is read-only for it, and so is such an
+    endpoint's address."""
+    refused = ops_staff_client.post("/admin/rollouts/modelendpoint/add/",
+                                    admin_form(base_url="http://169.254.169.254/latest", allow_private_network="on"))
+    public = ops_staff_client.post("/admin/rollouts/modelendpoint/add/", admin_form(allow_private_network="on"))
+    lab = endpoint_register(name="lab", base_url="http://10.0.0.7:8000/v1", protocol="chat", model_names=["m"],
+                            allow_private_network=True)
+    moved = ops_staff_client.post(f"/admin/rollouts/modelendpoint/{lab.pk}/change/",
+                                  admin_form(name="lab", base_url="http://169.254.169.254/latest", description="x"))
+    by_admin = admin_client_.post(f"/admin/rollouts/modelendpoint/{lab.pk}/change/",
+                                  admin_form(name="lab", base_url="http://10.0.0.8:8000/v1", allow_private_network="on"))
+
+    assert refused.status_code == 200 and "link-local" in refused.content.decode()
+    assert public.status_code == 302 and ModelEndpoint.objects.get(name="hosted").allow_private_network is False
+    assert moved.status_code == 302, moved.content.decode()[:2000]
+    lab.refresh_from_db()
+    assert by_admin.status_code == 302 and lab.base_url == "http://10.0.0.8:8000/v1" and lab.allow_private_network
+    assert ModelEndpoint.objects.filter(base_url__contains="169.254").count() == 0
+
+
+def test_registering_with_private_networks_is_an_admins_decision():
+    ops = get_user_model().objects.create_user("ops-person")
+    admin = get_user_model().objects.create_superuser("an-admin")
+
+    with pytest.raises(Forbidden, match="only an admin"):
+        endpoint_register(name="x", base_url="http://127.0.0.1:9/v1", protocol="chat", model_names=["m"],
+                          allow_private_network=True, created_by=ops)
+    by_admin = endpoint_register(name="y", base_url="http://127.0.0.1:9/v1", protocol="chat", model_names=["m"],
+                                 allow_private_network=True, created_by=admin)
+    by_shell = endpoint_register(name="z", base_url="http://127.0.0.1:9/v1", protocol="chat", model_names=["m"],
+                                 allow_private_network=True)
+
+    assert by_admin.allow_private_network and by_shell.allow_private_network
+    assert not ModelEndpoint.objects.filter(name="x").exists()
 
 
 def test_the_demo_endpoint_is_registered_on_loopback_explicitly_and_follows_the_demo_model():
