@@ -65,6 +65,7 @@ class TrajectoryFilters:
     similar: int | None = None  # runs similar to this trajectory id (see similar_ids)
     step_label: str = ""  # runs with a curator's label of this name on a step (services.step_labels)
     cluster_outcomes: str = ""  # mixed | same: runs in a dedup cluster whose runs' outcomes differ / agree
+    job: int | None = None  # runs a rollout job made (the job id the rollout runner writes into their metadata)
 
     def is_empty(self) -> bool:
         return self == TrajectoryFilters()
@@ -116,6 +117,8 @@ def _column_filters(filters: TrajectoryFilters) -> Q:
         condition &= Q(success={"success": True, "failure": False, "unknown": None}[filters.outcome])
     if filters.duplicate != "any":
         condition &= Q(is_duplicate=filters.duplicate == "only")
+    if filters.job is not None:  # only rollouts: an imported run's metadata may carry a job id of its own system
+        condition &= Q(source="rollout", metadata__job_id=filters.job)
     if filters.cluster_outcomes:  # a run in no cluster matches neither
         condition &= Q(cluster__mixed_outcomes=filters.cluster_outcomes == "mixed")
     if filters.created_after:
@@ -239,6 +242,8 @@ def filters_from_params(params: Mapping[str, Any]) -> TrajectoryFilters:
             values[name] = parse_moment(_text(params, name), name)
     if params.get("similar") not in (None, ""):
         values["similar"] = _integer(params["similar"], "similar")
+    if params.get("job") not in (None, ""):
+        values["job"] = _integer(params["job"], "job")
     return TrajectoryFilters(**values)
 
 

@@ -274,6 +274,7 @@ class TrajectoryFilterSet(django_filters.FilterSet):
     q = django_filters.CharFilter(help_text="full text over step content (commands, outputs, thoughts)")
     similar = django_filters.CharFilter(help_text="a trajectory id: the runs most similar to it")
     step_label = django_filters.CharFilter(help_text="runs with a curator's label of this name on a step")
+    job = django_filters.CharFilter(help_text="a rollout job's id: the runs it made")
     cluster_outcomes = django_filters.CharFilter(help_text="mixed | same: runs in a dedup cluster whose outcomes differ / agree")
 
     class Meta:

@@ -43,7 +43,7 @@ from webapp.dashboard.saved_filters import saved_filter_menu
 PAGE = 50
 FILTER_NAMES = ("q", "task", "task_set", "model", "harness", "source", "source_format", "status", "outcome",
                 "curation", "duplicate", "tags", "created_after", "created_before", "similar", "ids", "step_label",
-                "cluster_outcomes")
+                "cluster_outcomes", "job")
 
 
 # Sortable columns (`sort=reward`, `sort=-reward`): anything but the newest-first default pages by offset.

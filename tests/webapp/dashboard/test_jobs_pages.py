@@ -50,6 +50,14 @@ def test_the_list_shows_progress_and_success_rate_and_filters_by_status(research
     assert listed_jobs(completed) == [done.pk]
 
 
+def test_a_jobs_page_links_to_its_runs_in_the_explorer(researcher):
+    job = make_job(["a"])
+
+    page = researcher.get(reverse("dashboard:job", args=[job.pk])).content.decode()
+
+    assert f'href="/trajectories/?job={job.pk}" id="job-runs"' in page
+
+
 def test_the_list_pages_by_id_and_filters_by_task_set(researcher):
     jobs = [make_job(["a"]) for _ in range(3)]
     from webapp.dashboard import jobs as job_views

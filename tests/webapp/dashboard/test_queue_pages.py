@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from experience.models import ReviewItem, ReviewQueue
-from tests.experience.services.store_factories import run_record, stored
+from tests.experience.services.store_factories import RunFactory, run_record, stored
 from webapp.access.roles import role_groups_sync
 
 pytestmark = pytest.mark.django_db
@@ -80,3 +80,27 @@ def test_a_reader_looks_but_does_not_take_runs():
     assert reader.get(f"/queues/{queue.pk}/").status_code == 200
     assert reader.post(f"/queues/{queue.pk}/next/").status_code == 403
     assert not ReviewItem.objects.filter(claimed_by__isnull=False).exists()
+
+
+def test_a_queue_of_one_jobs_succeeded_unreviewed_runs():
+    def of_job(job_id, **fields):
+        return run_record(source="rollout", metadata={"job_id": job_id, "rollout_id": 1}, **fields)
+
+    wanted = stored(of_job(12), of_job(12))
+    failed = RunFactory(source="rollout", metadata={"job_id": 12}, success=False, reward=0.0)
+    stored(failed, of_job(13), run_record(metadata={"job_id": 12}))  # the last: an import's own job_id
+    ann = curator("ann")
+
+    listed = ann.get("/trajectories/", {"job": "12", "outcome": "success", "curation": "pending"})
+    ann.post("/queues/", {"name": "job 12", "job": "12", "outcome": "success", "curation": "pending"})
+
+    assert sorted(int(i) for i in re.findall(r'<tr data-id="(\d+)"', listed.content.decode())) == sorted(wanted)
+    queue = ReviewQueue.objects.get(name="job 12")
+    assert queue.filters == {"job": "12", "outcome": "success", "curation": "pending"}
+    assert sorted(queue.items.values_list("trajectory_id", flat=True)) == sorted(wanted)
+
+
+def test_a_job_filter_that_is_not_a_number_is_refused_naming_it():
+    page = curator("ann").get("/trajectories/", {"job": "twelve"})
+
+    assert page.status_code == 400 and "job: &#x27;twelve&#x27; is not an integer" in page.content.decode()
