@@ -63,10 +63,16 @@ def detect(path: Path, head: bytes) -> bool:
         if not isinstance(line, dict):
             return False
         if line.get("type") in LINE_TYPES and any(key in line for key in _SESSION_KEYS):
-            return True
+            return not _gemini_shaped(line)
         if line.get("type") not in ("summary", "file-history-snapshot", "queue-operation"):
             return False
     return False
+
+
+def _gemini_shaped(line: dict[str, Any]) -> bool:
+    """Qwen Code writes Claude Code's line envelope around Gemini messages ({role, parts}) and system payloads:
+    not a Claude Code transcript (experience.importers.unsupported names it)."""
+    return "parts" in as_dict(line.get("message")) or "systemPayload" in line
 
 
 def _loads(raw: bytes) -> Any:
@@ -218,8 +224,8 @@ def _time(line: dict[str, Any], loc: Location) -> Any:
 
 def _note(line: dict[str, Any], loc: Location) -> StepRecord:
     payload = {"subtype": line["subtype"]} if isinstance(line.get("subtype"), str) else {}
-    text = line.get("content") if isinstance(line.get("content"), str) else ""
-    return StepRecord(kind="note", text=text, started_at=_time(line, loc), payload=payload)
+    content = line.get("content")
+    return StepRecord(kind="note", text=content if isinstance(content, str) else "", started_at=_time(line, loc), payload=payload)
 
 
 def _user(transcript: _Transcript, line: dict[str, Any], loc: Location) -> None:

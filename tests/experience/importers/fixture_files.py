@@ -64,6 +64,8 @@ HARBOR_BUILT_JOB = HARBOR / "built-job"
 HARBOR_BUILT = HARBOR_BUILT_JOB / "fix-permissions__Q7mK2xP"
 HARBOR_BROKEN = HARBOR_BUILT_JOB / "broken-env__Zz9Yy8X"
 ATIF_V17 = SAMPLES / "atif" / "harbor_multiagent_v1_7.json"
+# Not importable: a format that looks like Claude Code's (Qwen Code 0.24.4, the catalogue's qwen-code)
+QWEN_SESSION = SAMPLES / "qwen-code" / "e5ba2925-66bc-4e5f-888d-36897653cca3.jsonl"
 
 SWE_AGENT_FILES = sorted(SWE_AGENT.rglob("*.traj"))
 

@@ -15,7 +15,7 @@ from django.core.management import CommandError, call_command
 from experience.importers import ImportFormatError, detect_format
 from experience.models import CurationEvent, Step, Trajectory
 from experience.services.importing import trajectories_import_file, trajectories_import_path
-from importers.fixture_files import CLAUDE_SESSION, CONVERSATIONS, TAU_BENCH, raw_jsonl
+from importers.fixture_files import CLAUDE_SESSION, CONVERSATIONS, QWEN_SESSION, TAU_BENCH, raw_jsonl
 
 pytestmark = pytest.mark.django_db
 
@@ -178,6 +178,10 @@ def test_a_directory_report_names_duplicates(tmp_path: Path) -> None:
     ("session-2025-07-01.json", json.dumps({"sessionId": "s1", "projectHash": "ab12", "messages": [
         {"id": "m1", "type": "user", "content": "hi"}, {"id": "m2", "type": "gemini", "content": "hello"}]}),
      "Gemini CLI saved chat"),
+    # Qwen Code keeps Claude Code's line envelope (uuid, parentUuid, sessionId, type) around Gemini messages:
+    # read as Claude Code it gave a run of empty steps
+    (QWEN_SESSION.name, QWEN_SESSION.read_text(), "Qwen Code session"),
+    (QWEN_SESSION.name, "".join(QWEN_SESSION.read_text().splitlines(keepends=True)[1:]), "Qwen Code session"),
 ])
 def test_a_known_unsupported_format_is_named(tmp_path: Path, name: str, content: str, named: str) -> None:
     path = tmp_path / name
