@@ -27,7 +27,7 @@ DOTFILE_NAMES = frozenset({".aider.chat.history.md"})
 KNOWN = {
     "aider": "an aider chat history (.aider.chat.history.md)",
     "gemini_log": "a Gemini CLI log (~/.gemini/tmp/<project>/logs.json)",
-    "gemini_chat": "a Gemini CLI saved chat (~/.gemini/tmp/<project>/chats/*.json)",
+    "gemini_chat": "a Gemini CLI saved chat (~/.gemini/tmp/<project>/chats/*.json or *.jsonl)",
     "langsmith": "a LangSmith run export",
     "qwen_code": "a Qwen Code session (~/.qwen/projects/<project>/chats/*.jsonl)",
 }

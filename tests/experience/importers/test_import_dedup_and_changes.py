@@ -178,6 +178,11 @@ def test_a_directory_report_names_duplicates(tmp_path: Path) -> None:
     ("session-2025-07-01.json", json.dumps({"sessionId": "s1", "projectHash": "ab12", "messages": [
         {"id": "m1", "type": "user", "content": "hi"}, {"id": "m2", "type": "gemini", "content": "hello"}]}),
      "Gemini CLI saved chat"),
+    # Gemini CLI 0.x's chats as JSONL: a header line, then "$set" updates (as the catalogue's gemini-cli writes)
+    ("session-2026-12-02T06-29-d0.jsonl", json.dumps({"sessionId": "s1", "projectHash": "ab12", "kind": "main"})
+     + "\n" + json.dumps({"$set": {"messages": [{"id": "m1", "type": "user", "content": [{"text": "hi"}]},
+                                                 {"id": "m2", "type": "gemini", "content": "hello"}]}}) + "\n",
+     "Gemini CLI saved chat"),
     # Qwen Code keeps Claude Code's line envelope (uuid, parentUuid, sessionId, type) around Gemini messages:
     # read as Claude Code it gave a run of empty steps
     (QWEN_SESSION.name, QWEN_SESSION.read_text(), "Qwen Code session"),
