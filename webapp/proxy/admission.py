@@ -68,6 +68,14 @@ redis.call('SADD', KEYS[1], ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 return 1
 """
+# Takes back a call admitted while its token was being checked, found ended (see `unadmit`). ARGV: the call id,
+# the attempt's max calls. Returns 1 taken back, 0 too late (the gate closed: the count was read).
+_UNADMIT = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('SREM', KEYS[1], ARGV[1])
+if tonumber(ARGV[2]) > 0 then redis.call('HINCRBY', KEYS[3], 'forwarded', -1) end
+return 1
+"""
 # Returns {admitted distinct call ids, refused calls}; both are read once.
 _CLOSE = """
 redis.call('SET', KEYS[2], '1', 'EX', ARGV[1])
@@ -105,11 +113,21 @@ class RedisAdmissions:
         self._client = redis.asyncio.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=2.0,
                                                     retry=Retry(NoBackoff(), 1))
         self._script = self._client.register_script(_ADMIT)
+        self._unadmit = self._client.register_script(_UNADMIT)
         self._prefix = prefix
 
     async def admit(self, token: str, call_id: str, max_calls: int = 0) -> Admission:
         answer = await self._script(keys=_keys(self._prefix, token), args=[call_id, KEY_TTL_S, max_calls])
         return _ADMISSIONS[int(answer)]
+
+    async def unadmit(self, token: str, call_id: str, max_calls: int = 0) -> bool:
+        """Take back an admitted call that will not be forwarded nor recorded: its token, checked while the
+        call was being admitted, turned out to be no running rollout's (the proxy admits a known token's call
+        and checks the token at once, webapp/proxy/app.py). False when the gate had closed meanwhile: that
+        count was read with the call in it (the attempt had ended anyway; its runner waits for quiet).
+        A call id the attempt had sent before is taken out too: the count then falls short, which its runner
+        also meets by waiting for quiet."""
+        return bool(await self._unadmit(keys=_keys(self._prefix, token), args=[call_id, max_calls]))
 
     async def aclose(self, app: object = None) -> None:
         await self._client.aclose()

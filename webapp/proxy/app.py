@@ -29,7 +29,10 @@ private without `allow_private_network` (checked on every address a connection u
 webapp/proxy/addresses.py). The record (normalised to Chat Completions, with the raw bytes beside it) is
 handed to the sink after the response has been sent. Before any of that, `admit` counts the call for its
 runner and holds the job's step budget (webapp/proxy/admission.py): a call past it is answered 403
-(`step_budget_exhausted`, in the client's protocol), not forwarded and not recorded.
+(`step_budget_exhausted`, in the client's protocol), not forwarded and not recorded. For a token that resolved
+before (`known_budget`), the count and the token's check go out together, and a call the check refuses is taken
+back off the count (`unadmit`) before it is answered 401: the call still goes ahead only on a check made after it
+arrived, and it costs the longer of the two round trips rather than their sum.
 """
 
 from __future__ import annotations
@@ -137,6 +140,10 @@ Resolve = Callable[[str], Awaitable[Target | None]]
 # (token, call id, max calls or 0) -> whether the call may go ahead, counted where its runner reads it
 # (admission.py). Raises when the count cannot be kept (the call goes ahead uncounted).
 Admit = Callable[[str, str, int], Awaitable[Admission]]
+# token -> the step budget it had when it last resolved (None: not known), and (token, call id, max calls) ->
+# take back an admitted call that is not forwarded (False: too late, the gate had closed).
+KnownBudget = Callable[[str], int | None]
+Unadmit = Callable[[str, str, int], Awaitable[bool]]
 
 
 def make_proxy_app(
@@ -144,6 +151,8 @@ def make_proxy_app(
     resolve: Resolve,
     sink: RecordSink,
     admit: Admit | None = None,
+    known_budget: KnownBudget | None = None,
+    unadmit: Unadmit | None = None,
     connector_limit: int = 512,
     upstream_timeout: float = 600.0,
     connect_timeout: float = 10.0,
@@ -155,11 +164,15 @@ def make_proxy_app(
     stream), not a whole generation, so a long stream that keeps sending is never cut.
     `connector_limit` caps the pooled upstream connections (per pool: public-only and private-allowed).
     `admit`, when given, is asked before each model call is forwarded (every admitted call is recorded).
+    With `known_budget` and `unadmit` too, a call whose token resolved before is admitted while its token is
+    checked, and taken back with `unadmit` when the check refuses it (or its client goes first).
     """
     proxy = _Proxy(
         resolve=resolve,
         sink=sink,
         admit=admit,
+        known_budget=known_budget,
+        unadmit=unadmit,
         connector_limit=connector_limit,
         timeout=aiohttp.ClientTimeout(
             total=None, connect=upstream_timeout, sock_connect=connect_timeout, sock_read=upstream_timeout
@@ -185,12 +198,17 @@ class _Proxy:
         resolve: Resolve,
         sink: RecordSink,
         admit: Admit | None,
+        known_budget: KnownBudget | None,
+        unadmit: Unadmit | None,
         connector_limit: int,
         timeout: aiohttp.ClientTimeout,
     ) -> None:
         self._resolve = resolve
         self._sink = sink
         self._admit = admit
+        self._known_budget = known_budget
+        self._unadmit = unadmit
+        self._taking_back: set[asyncio.Future[None]] = set()
         self._connector_limit = connector_limit
         self._timeout = timeout
         self._sessions: dict[bool, aiohttp.ClientSession] = {}
@@ -300,20 +318,10 @@ class _Proxy:
                                      status=502)
 
     async def _model_call(self, request: web.Request, protocol: str) -> web.StreamResponse:
-        target = await self._target(request)
-        if isinstance(target, web.Response):
-            return target
-        if protocol == "gemini" and request.match_info["call"].endswith(":countTokens"):
-            return await _gemini_count_tokens(request)
-        call_id = request.headers.get(CALL_ID_HEADER)
-        if call_id is not None and not _CALL_ID_PATTERN.fullmatch(call_id):
-            return _error_response(
-                400, "invalid_call_id", f"{CALL_ID_HEADER} must match [A-Za-z0-9._:-]{{1,128}}"
-            )
-        call = _Call(target=target, call_id=call_id or _call_ids.next(), protocol=protocol)
-        refused = await self._admission(request, call)
-        if refused is not None:
-            return refused
+        admitted = await self._checked_and_admitted(request, protocol)
+        if isinstance(admitted, web.StreamResponse):
+            return admitted
+        call, target = admitted, admitted.target
         # From here on the call is recorded whatever happens (the `finally`): its runner waits for the record.
         try:
             return await self._handle_call(request, target, call)
@@ -327,6 +335,70 @@ class _Proxy:
         finally:
             self._record(call)
 
+    async def _checked_and_admitted(self, request: web.Request, protocol: str) -> _Call | web.StreamResponse:
+        """The call, its token checked and the call admitted; or the answer to give instead. A token that
+        resolved here before (its step budget known) is checked and admitted at once, the database and
+        Redis asked side by side; any other is checked first. Either way the call goes ahead only if the
+        check made after it arrived found a running rollout."""
+        token = request.match_info["token"]
+        call_id = request.headers.get(CALL_ID_HEADER)
+        budget = self._known_budget(token) if self._known_budget is not None and self._unadmit is not None else None
+        if (call_id is not None and not _CALL_ID_PATTERN.fullmatch(call_id)) or _is_gemini_count(request, protocol):
+            budget = None  # answered without an admission, after the token's check
+        if budget is None:
+            return await self._checked_then_admitted(request, protocol, call_id)
+        call_id = call_id or _call_ids.next()
+        counting = self._start_count(token, call_id, budget)
+        try:
+            target = await self._target(request)
+        except asyncio.CancelledError:
+            self._take_back(counting, token, call_id, budget)
+            raise
+        if isinstance(target, web.Response):  # ended or unknown now: what was counted is taken back first
+            await asyncio.shield(self._take_back(counting, token, call_id, budget))
+            return target
+        call = _Call(target=target, call_id=call_id, protocol=protocol)
+        refused = await self._counted(call, counting)
+        return call if refused is None else refused
+
+    async def _checked_then_admitted(self, request: web.Request, protocol: str,
+                                     call_id: str | None) -> _Call | web.StreamResponse:
+        target = await self._target(request)
+        if isinstance(target, web.Response):
+            return target
+        if _is_gemini_count(request, protocol):
+            return await _gemini_count_tokens(request)
+        if call_id is not None and not _CALL_ID_PATTERN.fullmatch(call_id):
+            return _error_response(
+                400, "invalid_call_id", f"{CALL_ID_HEADER} must match [A-Za-z0-9._:-]{{1,128}}"
+            )
+        call = _Call(target=target, call_id=call_id or _call_ids.next(), protocol=protocol)
+        refused = await self._admission(request, call)
+        return call if refused is None else refused
+
+    def _start_count(self, token: str, call_id: str, max_calls: int) -> asyncio.Future[Admission]:
+        assert self._admit is not None
+        return asyncio.ensure_future(self._admit(token, call_id, max_calls))
+
+    def _take_back(self, counting: asyncio.Future[Admission], token: str, call_id: str,
+                   max_calls: int) -> asyncio.Future[None]:
+        """A call counted while its token was checked, and then not forwarded (the token ended, or the
+        client went): taken back off the count once the count is in, so its runner waits for no record of it.
+        In a task of its own: the answer does not wait for it, and a cancelled handler cannot stop it."""
+
+        async def take_back() -> None:
+            if await _settled(counting):
+                assert self._unadmit is not None
+                try:
+                    await self._unadmit(token, call_id, max_calls)
+                except Exception as exc:
+                    log.warning("a counted call that was not forwarded could not be taken back: %r", exc)
+
+        task = asyncio.ensure_future(take_back())
+        self._taking_back.add(task)
+        task.add_done_callback(self._taking_back.discard)
+        return task
+
     async def _admission(self, request: web.Request, call: _Call) -> web.Response | None:
         """None when the call may go ahead, else the answer: 401 once the attempt's harness has exited, 403
         once its step budget is spent (neither is recorded: the policy's call never reached the model). While
@@ -336,8 +408,11 @@ class _Proxy:
         every counted call's record."""
         if self._admit is None:
             return None
-        counting = asyncio.ensure_future(self._admit(request.match_info["token"], call.call_id,
-                                                     call.target.max_calls))
+        return await self._counted(call, self._start_count(request.match_info["token"], call.call_id,
+                                                           call.target.max_calls))
+
+    async def _counted(self, call: _Call, counting: asyncio.Future[Admission]) -> web.Response | None:
+        """`_admission` once its count is under way."""
         try:
             admitted = await asyncio.shield(counting)
         except asyncio.CancelledError:
@@ -445,6 +520,10 @@ class _Proxy:
             self._sink.put(call.to_record())
         except Exception:  # a recording bug must not undo the answer
             log.exception("could not record call %s", call.call_id)
+
+
+def _is_gemini_count(request: web.Request, protocol: str) -> bool:
+    return protocol == "gemini" and request.match_info["call"].endswith(":countTokens")
 
 
 async def _settled(counting: asyncio.Future[Admission]) -> bool:

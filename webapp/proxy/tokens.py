@@ -20,7 +20,8 @@ What keeps the check cheap:
 Why not cache a token's answer and skip the query: an attempt also ends where only the database hears of
 it (a job cancelled, a rollout reaped, requeued or given a new attempt's token), and nothing cheaper than a
 round trip to the database could tell the proxy so before the next call; the prepared query is about that
-round trip.
+round trip. What is kept is each resolved token's step budget (`known_budget`), so the proxy can count the
+token's next call in Redis while the database checks it, the two round trips side by side.
 The upstream API key is cached per secret reference for KEY_CACHE_S, as reading it may mean reading a file;
 the reference is checked against the allow-list each time it is read (webapp/rollouts/endpoints.py).
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import cache
@@ -47,6 +49,7 @@ log = logging.getLogger("trove.proxy")
 KEY_CACHE_S = 60.0
 QUERY_TIMEOUT_S = 10.0  # past this the calls waiting get 503 rather than hang with a stuck database
 CONNECT_TIMEOUT_S = 5
+KNOWN_TOKENS = 4096  # far more than the attempts one proxy serves at once
 MAX_TOKENS_PER_QUERY = 512  # a power of two, within SQLite's oldest parameter limit (999)
 _Answer = Target | None | Exception
 # token hash, rollout id, trajectory id, the job's endpoint: base URL, key reference, private network
@@ -83,12 +86,28 @@ class TokenResolver:
         self._query_timeout_s = query_timeout_s
         self._waiting: dict[str, list[asyncio.Future[_Answer]]] = {}
         self._rounds: asyncio.Task[None] | None = None
+        self._budgets: OrderedDict[str, int] = OrderedDict()
         self.queries = 0  # how many lookups were made (a round of coalesced calls is one)
 
     async def resolve(self, token: str) -> Target | None:
         return await self._looked_up(token)
 
     __call__ = resolve
+
+    def known_budget(self, token: str) -> int | None:
+        """The step budget `token` had when it last resolved here; None if it has not, or was refused since.
+        A hint (the proxy starts admitting a known token's call while the token is checked), never a grant:
+        every call's token is still looked up. Only tokens that resolved are kept, at most KNOWN_TOKENS."""
+        return self._budgets.get(token)
+
+    def _remember(self, token: str, answer: _Answer) -> None:
+        if isinstance(answer, Target):
+            self._budgets[token] = answer.max_calls
+            self._budgets.move_to_end(token)
+            if len(self._budgets) > KNOWN_TOKENS:
+                self._budgets.popitem(last=False)
+        elif answer is None:
+            self._budgets.pop(token, None)
 
     async def aclose(self, app: Any = None) -> None:
         """Release the lookup's database connection (an aiohttp on_cleanup)."""
@@ -112,6 +131,7 @@ class TokenResolver:
                 answers = await self._answers(list(batch))
                 for token, futures in batch.items():
                     answer = answers.get(token)
+                    self._remember(token, answer)
                     for future in futures:
                         if not future.done():  # its caller may have gone (client disconnected)
                             future.set_result(answer)

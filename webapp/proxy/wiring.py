@@ -64,6 +64,11 @@ def make_trove_proxy_app(
     # stack, in this process in the embedded default.
     admissions = RedisAdmissions(settings.REDIS_URL, prefix=proxy_stream()) if settings.REDIS_URL else None
     app_options.setdefault("admit", admissions.admit if admissions else local_admissions.admit)
+    if admissions is not None and app_options["admit"] == admissions.admit:
+        # A known token's call is counted while its token is checked: the two round trips overlap. In this
+        # process (embedded) the count costs no round trip, so there is nothing to overlap.
+        app_options.setdefault("known_budget", resolver.known_budget)
+        app_options.setdefault("unadmit", admissions.unadmit)
     app = make_proxy_app(resolve=resolver.resolve, sink=sink, **app_options)
     app[TOKEN_RESOLVER] = resolver
     app.on_cleanup.append(resolver.aclose)

@@ -20,11 +20,18 @@ from experience.records import TrajectoryRecord
 from experience.services.ingest import trajectory_open
 from tests.webapp.proxy.harness import PROXY_TIMEOUT_S, UpstreamState, new_call_id, send
 from tests.webapp.proxy.rollouts import WORKER, chat_url, finish, running_rollout, stored_call_ids
+from webapp.proxy.locations import proxy_stream
 from webapp.proxy.recorder import InProcessSink
 from webapp.proxy.server import ProxyServer, serve_in_thread
 from webapp.proxy.tokens import MAX_TOKENS_PER_QUERY, TokenResolver, _running_rollouts_sql
-from webapp.proxy.wiring import TOKEN_RESOLVER, close_and_count_admitted, database_sink, make_trove_proxy_app
-from webapp.rollouts.models import ModelEndpoint, Rollout, RolloutJob
+from webapp.proxy.wiring import (
+    TOKEN_RESOLVER,
+    close_and_count_admitted,
+    database_sink,
+    make_trove_proxy_app,
+    redis_client,
+)
+from webapp.rollouts.models import ModelEndpoint, Rollout, RolloutJob, rollout_token_hash
 from webapp.rollouts.services import job_cancel, rollout_cancel, rollout_reap, rollout_requeue, rollout_start
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -224,3 +231,53 @@ def test_a_schema_change_under_a_prepared_lookup_costs_no_call(proxy, upstream: 
             cursor.execute(f"ALTER TABLE {table} ALTER COLUMN max_steps TYPE integer")
 
     assert reply.status == 200
+
+
+@pytest.mark.skipif(not django_settings.REDIS_URL, reason="the count is in Redis")
+def test_a_known_tokens_call_counted_while_its_token_is_checked_is_taken_back_when_the_check_refuses(
+    settings, tmp_path, upstream: UpstreamState
+):
+    """A token that resolved before has its next call counted and checked at once (full stack); the check
+    refusing it (the job was cancelled meanwhile) takes the count back, so the attempt's count and its step
+    budget are what was forwarded."""
+    settings.TROVE_PROXY_SPOOL_DIR = tmp_path / "spool"
+    sink = database_sink()
+    app, _ = make_trove_proxy_app(sink=sink, resolver=TokenResolver(), upstream_timeout=PROXY_TIMEOUT_S)
+    server = serve_in_thread(app, shutdown_timeout=0.5)
+    try:
+        rollout = running_rollout(
+            upstream_v1=f"{upstream.url}/v1", harness="external", harness_command="agent", max_steps=5
+        )
+        earlier = warm(server, rollout)
+        assert app[TOKEN_RESOLVER].known_budget(rollout.proxy_token) == 5, (
+            "its calls take the overlapped path"
+        )
+
+        job_cancel(job=rollout.job)
+        assert_refused_next(server, sink, rollout, upstream, earlier)
+        assert app[TOKEN_RESOLVER].known_budget(rollout.proxy_token) is None, "a refused token is forgotten"
+        client = redis_client(settings.REDIS_URL)
+        budget = client.hgetall(f"{proxy_stream()}:admitted:{rollout_token_hash(rollout.proxy_token)}:budget")
+        count = close_and_count_admitted(rollout.proxy_token)
+    finally:
+        server.stop()
+        sink.close(10)
+
+    assert budget[b"forwarded"] == b"3", "the refused call is not spent from the budget"
+    assert count is not None and count.admitted == 3, "the runner waits for the three records there are"
+
+
+@pytest.mark.skipif(not django_settings.REDIS_URL, reason="the count is in Redis")
+def test_only_tokens_that_resolved_are_known_and_their_number_is_bounded(
+    proxy, upstream: UpstreamState, monkeypatch
+):
+    server, sink = proxy
+    resolver = server.app[TOKEN_RESOLVER]  # type: ignore[attr-defined]
+    monkeypatch.setattr("webapp.proxy.tokens.KNOWN_TOKENS", 2)
+    rollouts = [running_rollout(upstream_v1=f"{upstream.url}/v1") for _ in range(3)]
+
+    for token in ["forged-1", *(rollout.proxy_token for rollout in rollouts), "forged-2"]:
+        send(chat_url(server, token), body=BODY)
+
+    assert resolver.known_budget("forged-1") is None and resolver.known_budget("forged-2") is None
+    assert [resolver.known_budget(rollout.proxy_token) for rollout in rollouts] == [None, 0, 0]
