@@ -17,6 +17,7 @@ import pytest
 from django.conf import settings
 
 from experience.importers import detect_format, iter_records
+from experience.importers.errors import ImportFormatError
 from experience.models import Trajectory
 from experience.run_steps import step_views
 from experience.services.blobs import blob_get
@@ -101,6 +102,18 @@ def assert_native_logs_import(entries: list[dict], format: str, folder: Path) ->
     assert runs and "model_call" in kinds and kinds & {"command", "tool_call"}, (format, kinds)
 
 
+# Those whose logs Trove does not import yet: the refusal names the format (never a misread as another's).
+NATIVE_LOG_NAMED = {"qwen-code": "a Qwen Code session", "gemini-cli": "a Gemini CLI saved chat"}
+
+
+def assert_native_logs_named(entries: list[dict], named: str, folder: Path) -> None:
+    for entry in entries:
+        path = folder / Path(entry["path"]).name
+        path.write_bytes(blob_get(entry["sha256"]))
+        with pytest.raises(ImportFormatError, match=f"this looks like {named}"):
+            detect_format(path)
+
+
 def require_bundle(name: str) -> tuple[presets.Preset, str]:
     preset, version = presets.resolve(name)
     assert bundle_installed(settings.TROVE_HARNESS_DIR, preset, version), (
@@ -160,6 +173,8 @@ def test_a_preset_solves_a_demo_task_through_the_proxy_in_its_own_protocol(
     assert len(blob_get(first["sha256"])) == first["bytes"] > 0
     if name in NATIVE_LOG_FORMATS:
         assert_native_logs_import(log_note.payload["native_logs"], NATIVE_LOG_FORMATS[name], tmp_path)
+    if name in NATIVE_LOG_NAMED:
+        assert_native_logs_named(log_note.payload["native_logs"], NATIVE_LOG_NAMED[name], tmp_path)
     # printed by the harness's script after it, in its exec: none of their own, nothing of them in its output
     assert not SandboxEvent.objects.filter(sandbox=rollout.sandbox, kind="exec", reason="collect native logs").exists()
     harness_step = trajectory.steps.get(kind="command", payload__harness=f"{name}@{version}")
