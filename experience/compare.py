@@ -45,7 +45,7 @@ def run_actions(steps: Sequence[tuple[int, StepRecord]]) -> list[Action]:
 
 
 def _actions(steps: Sequence[tuple[int, StepRecord]], kinds: tuple[str, ...]) -> list[Action]:
-    actions = []
+    actions: list[Action] = []
     for seq, step in steps:
         if step.kind in kinds:
             single = TrajectoryRecord(source="", source_format="", source_ref="", task_key="", steps=[step])

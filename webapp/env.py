@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import overload
 
 
 class ConfigError(RuntimeError):
     pass
 
 
+@overload
+def env_str(name: str, default: str) -> str: ...
+@overload
+def env_str(name: str, default: None = None) -> str | None: ...
 def env_str(name: str, default: str | None = None) -> str | None:
+    """`NAME_FILE`'s contents, else `NAME`, else `default` (so a str default always gives a str)."""
     file_path = os.environ.get(f"{name}_FILE")
     if file_path:
         return Path(file_path).read_text().strip()

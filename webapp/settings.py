@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from webapp.env import ConfigError, env_bool, env_choice, env_int, env_list, env_mapping, env_str
@@ -165,7 +166,7 @@ CELERY_TASK_TIME_LIMIT = env_int("TROVE_TASK_TIME_LIMIT", 1900)
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env_int("TROVE_VISIBILITY_TIMEOUT", 3600)}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = env_str("TROVE_CELERY_QUEUE", "trove")
-CELERY_BEAT_SCHEDULE = {
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "fleets-reconcile": {"task": "trove.fleets.reconcile_all", "schedule": 5.0},
     "rollouts-reap-stale": {"task": "trove.rollouts.reap_stale", "schedule": 15.0},
     # finished runs not yet embedded are deduplicated in batches (experience.services.dedup)
@@ -183,7 +184,7 @@ if REDIS_URL:  # the proxy's records reach the store through a Redis stream only
 TROVE_CELERY_PERIODIC_QUEUE = env_str("TROVE_CELERY_PERIODIC_QUEUE", f"{CELERY_TASK_DEFAULT_QUEUE}.periodic")
 for _entry in CELERY_BEAT_SCHEDULE.values():
     _entry.setdefault("options", {})["queue"] = TROVE_CELERY_PERIODIC_QUEUE
-CELERY_TASK_QUEUES = {CELERY_TASK_DEFAULT_QUEUE: {}, TROVE_CELERY_PERIODIC_QUEUE: {}}
+CELERY_TASK_QUEUES: dict[str, dict[str, Any]] = {CELERY_TASK_DEFAULT_QUEUE: {}, TROVE_CELERY_PERIODIC_QUEUE: {}}
 
 # --- Trove ------------------------------------------------------------------------------------------
 TROVE_SANDBOX_BACKEND = env_choice("TROVE_SANDBOX_BACKEND", "local", ("local", "kubernetes"))

@@ -9,6 +9,7 @@ default) leave the run out of every dataset build (`labelled_runs_excluded`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -86,7 +87,7 @@ def step_labels_of(*, trajectory_id: int) -> list[dict[str, Any]]:
              "at": at} for seq, name, value, at in rows]
 
 
-def runs_with_step_label(name: str) -> QuerySet[Label]:
+def runs_with_step_label(name: str) -> QuerySet[Label, Mapping[str, object]]:
     """The trajectory ids of runs having a curator's `name` label on a step (a subquery)."""
     return Label.objects.filter(source=HUMAN, step__isnull=False, name=name).values("trajectory_id")
 

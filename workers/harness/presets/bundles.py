@@ -71,14 +71,13 @@ def harness_install(*, preset: Preset, version: str, root: str | os.PathLike[str
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
+        install_s, size = round(time.monotonic() - started, 1), _tree_bytes(target)
         manifest = {"name": preset.name, "version": version, "registry": preset.package.registry,
                     "package": preset.package.name, "protocol": preset.protocol, "executable": preset.executable,
-                    "installed_at": datetime.now(UTC).isoformat(), "install_s": round(time.monotonic() - started, 1),
-                    "bytes": _tree_bytes(target)}
+                    "installed_at": datetime.now(UTC).isoformat(), "install_s": install_s, "bytes": size}
         (target / BUNDLE_MANIFEST).write_text(json.dumps(manifest, indent=2))
         os.chmod(target / BUNDLE_MANIFEST, 0o644)
-        progress(f"{preset.name}@{version} installed at {target} ({manifest['bytes'] / 1e6:.0f} MB, "
-                 f"{manifest['install_s']} s)")
+        progress(f"{preset.name}@{version} installed at {target} ({size / 1e6:.0f} MB, {install_s} s)")
         return target
 
 
