@@ -37,7 +37,7 @@ MODEL_ROUTES = ("/chat/completions", "/responses", "/messages", ":generateConten
 class CountingDemoModel:
     """The demo model, counting the model calls it served (count_tokens and pre-connects are not calls)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, strategy: str | None = "solve") -> None:
         from aiohttp import web
 
         from webapp.proxy.server import serve_in_thread
@@ -52,7 +52,9 @@ class CountingDemoModel:
                 self.served += 1
             return response
 
-        app = make_app()
+        # Every episode solves: the harnesses' seeds are per session (random), and a test named for a solve
+        # must see one, whatever the seed.
+        app = make_app(strategy=strategy)
         app.middlewares.append(count)
         self._server = serve_in_thread(app, host="127.0.0.1", port=0, shutdown_timeout=0.5)
         self.url = f"{self._server.base_url}/v1"
@@ -122,7 +124,7 @@ def require_bundle(name: str) -> tuple[presets.Preset, str]:
     return preset, version
 
 
-def preset_job(task_set, fleet, model, harness: str, *, seed_sample: int = 0, **options):
+def preset_job(task_set, fleet, model, harness: str, **options):
     from tests.webapp.rollouts.jobs_factories import make_endpoint
 
     preset, _ = presets.resolve(harness)
@@ -155,14 +157,14 @@ def test_a_preset_solves_a_demo_task_through_the_proxy_in_its_own_protocol(
     status = rollout_run(rollout_id=rollout.pk, worker="test-worker")
 
     rollout.refresh_from_db()
-    assert status in (Rollout.Status.SUCCEEDED, Rollout.Status.FAILED), (status, rollout.error)
+    assert status == Rollout.Status.SUCCEEDED, (status, rollout.error)
     trajectory = rollout.trajectory
     assert trajectory.status == Trajectory.Status.COMPLETED and trajectory.harness == f"{name}@{version}"
     assert trajectory.metadata["harness_name"] == name and trajectory.metadata["harness_version"] == version
     assert trajectory.metadata["harness_protocol"] == preset.protocol
     assert trajectory.metadata["model_endpoint"] == job.endpoint.name
     eval_step = trajectory.steps.get(kind="eval")
-    assert rollout.reward == eval_step.payload["reward"] == (1.0 if status == Rollout.Status.SUCCEEDED else 0.0)
+    assert rollout.reward == eval_step.payload["reward"] == 1.0 and trajectory.success is True
     calls = trajectory.steps.filter(kind="model_call")
     assert calls.count() == demo_model.served >= 2, "every call the demo model served was recorded"
     assert not calls.filter(is_error=True).exists()

@@ -52,6 +52,7 @@ _LATENCY = web.AppKey("latency_s", float)
 _CHUNK_DELAY = web.AppKey("chunk_delay_s", float)
 _GENERATIONS = web.AppKey("generations", object)
 _WEIGHT_VERSION = web.AppKey("weight_version", object)
+_STRATEGY = web.AppKey("strategy", object)
 WEIGHT_VERSION_HEADER = "X-Weight-Version"
 # The token capture the demo model answers (ModelEndpoint.token_capture, webapp/proxy/capture.py): vLLM's
 # fields, so the demo's endpoint asks for token ids and its runs give exact RL samples. It answers SGLang's
@@ -63,11 +64,13 @@ _BadRequest = wire.BadRequest
 
 
 def make_app(*, latency_s: float = 0.0, chunk_delay_s: float = 0.0, generations: list | None = None,
-             weight_version: str | None = None) -> web.Application:
+             weight_version: str | None = None, strategy: str | None = None) -> web.Application:
     """`latency_s` delays every reply and `chunk_delay_s` every stream chunk, to look like a real server
     in a demo (time to first token); both default to 0. `generations`, when given, gets one
-    `wire.generation_record` per chat call served; `weight_version` is reported with every answer."""
+    `wire.generation_record` per chat call served; `weight_version` is reported with every answer.
+    `strategy` makes every episode take that strategy (policy.next_action), for tests that need a solve."""
     app = web.Application(client_max_size=_MAX_BODY_BYTES)
+    app[_STRATEGY] = strategy
     app[_LATENCY] = latency_s
     app[_CHUNK_DELAY] = chunk_delay_s
     app[_GENERATIONS] = generations
@@ -160,11 +163,12 @@ _WIRES = {
 }
 
 
-def reply_for(protocol: str, body: Any) -> tuple[dict[str, Any], wire.Reply]:
+def reply_for(protocol: str, body: Any, *, strategy: str | None = None) -> tuple[dict[str, Any], wire.Reply]:
     """The validated body and the policy's reply to it, in `protocol`'s terms. Raises _BadRequest."""
     messages, tools = _WIRES[protocol].read(body)
     seed = _seed(protocol, body)
-    turn = next_turn(messages, tools, seed=seed if isinstance(seed, (int, str)) else json.dumps(seed))
+    turn = next_turn(messages, tools, seed=seed if isinstance(seed, (int, str)) else json.dumps(seed),
+                     strategy=strategy)
     return body, wire.make_reply(turn, messages, reasoning=_wants_reasoning(protocol, body),
                                  limit=_output_limit(protocol, body))
 
@@ -223,7 +227,7 @@ def _handler(protocol: str) -> Callable[[web.Request], Awaitable[web.StreamRespo
         try:
             body = await _json_body(request)
             streamed = _is_streamed(protocol, request, body)
-            body, reply = reply_for(protocol, body)
+            body, reply = reply_for(protocol, body, strategy=request.app[_STRATEGY])
         except _BadRequest as exc:
             return _error(400, str(exc), param=exc.param, protocol=protocol)
         response_id = _response_id(protocol)

@@ -52,13 +52,18 @@ def next_reply(messages: list[dict[str, Any]], *, seed: int | str | None = None)
     return render(action, mini_swe=mini_swe)
 
 
-def next_action(messages: list[dict[str, Any]], *, seed: int | str | None = None) -> tuple[Action, bool]:
+def next_action(messages: list[dict[str, Any]], *, seed: int | str | None = None,
+                strategy: str | None = None) -> tuple[Action, bool]:
     """The next action for `messages` (OpenAI chat format: tool results are `tool` messages) and whether
-    the prompt is mini-swe-agent's (it submits by echoing its marker)."""
+    the prompt is mini-swe-agent's (it submits by echoing its marker). `strategy` (one of _STRATEGIES), when
+    given, replaces the seeded draw: a test that needs a solve whatever seed a harness sends (Codex's and
+    Claude Code's are per session, random) asks for one."""
+    if strategy is not None and strategy not in _STRATEGIES:
+        raise ValueError(f"unknown demo strategy {strategy!r}; one of {', '.join(_STRATEGIES)}")
     system, first_user, observations = _read_conversation(messages)
     task = match_demo_task(first_user) or match_demo_task(system)
     rng = random.Random(_seed_bytes(first_user, seed))
-    episode = _episode(task, rng) if task is not None else _unknown_task_episode()
+    episode = _episode(task, rng, strategy) if task is not None else _unknown_task_episode()
     action = next(episode)
     for observation in observations:
         action = episode.send(observation)
@@ -93,13 +98,13 @@ SHELL_TOOL_NAMES = ("bash", "exec_command", "Bash", "run_shell_command", "shell"
 
 
 def next_turn(
-    messages: list[dict[str, Any]], tools: list[Tool], *, seed: int | str | None = None
+    messages: list[dict[str, Any]], tools: list[Tool], *, seed: int | str | None = None, strategy: str | None = None
 ) -> Turn:
     """The next turn with tools: a command goes to the request's shell-like tool (a file read or an edit to
     its file tools, when it offers a read and an edit tool and names its working directory); the end is plain text
     (what Codex, Claude Code and opencode take as the final answer), except for mini-swe-agent, whose run
     ends on a command that prints its marker. Without a shell-like tool it answers in text, as `next_reply`."""
-    action, mini_swe = next_action(messages, seed=seed)
+    action, mini_swe = next_action(messages, seed=seed, strategy=strategy)
     tool = shell_tool(tools)
     if tool is None:
         return Turn(render(action, mini_swe=mini_swe), None)
@@ -253,8 +258,9 @@ def _seed_bytes(first_user: str, seed: int | str | None) -> bytes:
     return hashlib.sha256(f"{first_user}\x00{seed if seed is not None else ''}".encode()).digest()
 
 
-def _episode(task: DemoTask, rng: random.Random) -> Episode:
-    strategy = rng.choices(_STRATEGIES, weights=_WEIGHTS[task.difficulty])[0]
+def _episode(task: DemoTask, rng: random.Random, forced: str | None = None) -> Episode:
+    drawn = rng.choices(_STRATEGIES, weights=_WEIGHTS[task.difficulty])[0]  # drawn even when forced: the
+    strategy = forced or drawn  # rest of the episode's draws stay those of its seed
     test_cmd = _test_command(task, rng)
     yield from _explore(task, rng)
     yield Action("reproduce", rng.choice(_REPRODUCE), test_cmd)

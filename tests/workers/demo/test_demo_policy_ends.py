@@ -36,3 +36,21 @@ def test_a_wandering_episode_gives_up_unsolved_after_its_actions():
     assert {a.kind for a in actions[: policy.WANDER_ACTIONS]} <= {"explore", "reproduce"}
     assert [a.kind for a in actions[policy.WANDER_ACTIONS:]] == ["submit"] * 3
     assert all(a.edit is None and "EOF" not in a.command for a in actions)
+
+
+def test_a_forced_strategy_is_taken_whatever_the_seed_and_an_unknown_one_is_refused():
+    """Tests of real harnesses force `solve` (their seeds are per session, random): every seed then edits
+    with the task's solution, and the episode's other draws stay its seed's."""
+    import pytest
+
+    task = load_demo_tasks()[0]
+    for seed in range(30):
+        episode = policy._episode(task, random.Random(seed), "solve")
+        actions = [next(episode)]
+        while actions[-1].kind != "edit":
+            actions.append(episode.send("FAILED (failures=1)"))
+        assert actions[-1].edit == task.solution[0] if len(task.solution) == 1 else actions[-1].edit is None
+        unforced = policy._episode(task, random.Random(seed))
+        assert next(unforced) == actions[0], "forcing changes nothing before the strategy's own actions"
+    with pytest.raises(ValueError, match="unknown demo strategy 'cheat'"):
+        policy.next_action([{"role": "user", "content": task.instruction}], strategy="cheat")
