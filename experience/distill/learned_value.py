@@ -71,7 +71,8 @@ class CachedEmbedder:
 
     def __init__(self, inner: Embedder, limit: int = CACHE_LIMIT) -> None:
         self.inner = inner
-        self.name, self.version, self.dim = inner.name, inner.version, inner.dim
+        # the inner embedder's identity and calibration: the cache is an Embedder wherever one is taken
+        self.name, self.version, self.dim, self.threshold = inner.name, inner.version, inner.dim, inner.threshold
         self.limit = limit
         self._vectors: OrderedDict[bytes, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()

@@ -161,7 +161,7 @@ def split_warnings(spec: DatasetSpec) -> list[str]:
 def _usable_groups(spec: DatasetSpec) -> set[str]:
     """The split groups of the runs a build would use (pairwise: only tasks with both outcomes)."""
     usable = usable_runs(spec)
-    tasks = usable.values("task_key")
+    tasks: QuerySet[Trajectory, Mapping[str, object]] = usable.values("task_key")
     if spec.kind == "pairwise":
         tasks = _per_task_outcomes(usable).filter(won__gt=0, lost__gt=0).values("task_key")
     group_key = group_key_for(spec)

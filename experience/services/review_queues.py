@@ -31,7 +31,7 @@ from experience.services.preferences import preference_record, unjudged_pairs
 MAX_ITEMS = 10_000
 D = ReviewItem.Decision
 K = ReviewQueue.Kind
-DECISIONS = {K.RUNS: (D.APPROVE, D.REJECT, D.SKIP), K.PAIRS: (D.FIRST, D.SECOND, D.SKIP)}
+DECISIONS: dict[str, tuple[str, ...]] = {K.RUNS: (D.APPROVE, D.REJECT, D.SKIP), K.PAIRS: (D.FIRST, D.SECOND, D.SKIP)}
 
 
 def queue_create(*, name: str, filters: dict[str, str], sample: int | None = None, actor: Any = None,
@@ -117,6 +117,8 @@ def queue_decide(*, item: ReviewItem, user: Any, decision: str, reason: str = ""
             trajectories_curate(trajectories=[item.trajectory_id], action=decision, actor=user,
                                 reason=reason or f"review queue {item.queue_id}")
         elif decision != D.SKIP:
+            if item.other_id is None:  # queue_create makes every item of a pairs queue a pair: a bug, not input
+                raise RuntimeError(f"review item {item.pk} of pairs queue {item.queue_id} has no second run")
             better, worse = ((item.trajectory_id, item.other_id) if decision == D.FIRST
                              else (item.other_id, item.trajectory_id))
             preference_record(chosen_id=better, rejected_id=worse, reason=reason, actor=user)

@@ -82,7 +82,7 @@ def test_the_embedding_cache_returns_what_the_embedder_gives_and_embeds_each_tex
     calls: list[list[str]] = []
 
     class Counting:
-        name, version, dim = "counting", "1", 3
+        name, version, dim, threshold = "counting", "1", 3, 0.9
 
         def embed(self, texts):
             calls.append(list(texts))
@@ -96,13 +96,14 @@ def test_the_embedding_cache_returns_what_the_embedder_gives_and_embeds_each_tex
     assert first.tolist() == [[1, 1, 0], [2, 1, 0], [1, 1, 0]] and second.tolist() == [[2, 1, 0], [3, 1, 0]]
     assert calls == [["a", "bb"], ["ccc"]]
     assert cache.embed(["a"]).tolist() == [[1, 1, 0]] and calls[-1] == ["a"], "past the limit, dropped"
+    assert (cache.name, cache.dim, cache.threshold) == ("counting", 3, 0.9), "an Embedder like the one it wraps"
 
 
 def test_saved_embeddings_are_loaded_by_another_cache_of_the_same_encoder_only(tmp_path):
     calls: list[list[str]] = []
 
     class Counting:
-        name, dim = "counting", 3
+        name, dim, threshold = "counting", 3, 0.9
 
         def __init__(self, version="1"):
             self.version = version

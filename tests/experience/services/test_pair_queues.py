@@ -119,3 +119,17 @@ def test_a_runs_queue_refuses_pair_decisions(curators):
 
     with pytest.raises(ValidationError, match="decision: one of approve, reject, skip"):
         queue_decide(item=item, user=ann, decision="first", reason="x")
+
+
+def test_a_pair_item_that_lost_its_second_run_is_refused_and_nothing_is_recorded(curators):
+    ann, _ = curators
+    stored(run_record(task_key="t"), run_record(task_key="t"))
+    item = queue_claim_next(queue=queue_create(name="pairs", filters={}, kind="pairs"), user=ann)
+    ReviewItem.objects.filter(pk=item.pk).update(other=None)  # what queue_create never writes
+    item.refresh_from_db()
+
+    with pytest.raises(RuntimeError, match=f"review item {item.pk} of pairs queue {item.queue_id} has no second"):
+        queue_decide(item=item, user=ann, decision="first", reason="better")
+
+    item.refresh_from_db()
+    assert item.decision == "" and item.claimed_by == ann and PairwisePreference.objects.count() == 0
