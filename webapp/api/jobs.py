@@ -363,11 +363,12 @@ class JobSamplesApi(APIView):
 
 def _rollout_samples(rollouts: list[Rollout]) -> tuple[list[dict], list[dict]]:
     """The samples of the rollouts that are training data, and why each other rollout gave none."""
-    usable = [r for r in rollouts if r.status in TRAINING_STATUSES and r.trajectory_id]
-    assemblies = run_samples(trajectory_ids=[r.trajectory_id for r in usable])
+    usable = {r.pk: r.trajectory_id for r in rollouts if r.status in TRAINING_STATUSES and r.trajectory_id}
+    assemblies = run_samples(trajectory_ids=list(usable.values()))
     results, skipped = [], []
     for rollout in rollouts:
-        assembly = assemblies.get(rollout.trajectory_id) if rollout in usable else None
+        trajectory_id = usable.get(rollout.pk)
+        assembly = assemblies.get(trajectory_id) if trajectory_id else None
         if assembly is None or not assembly.samples:
             reason = assembly.note if assembly is not None else f"rollout {rollout.status}"
             skipped.append({"rollout_id": rollout.pk, "cursor": str(rollout.finish_seq), "reason": reason})

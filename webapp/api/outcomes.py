@@ -21,7 +21,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 from django.urls import path
 from drf_spectacular.utils import extend_schema
@@ -183,7 +184,8 @@ class OutcomesApi(APIView):
         given = OutcomesInputSerializer(data=request.data)
         given.is_valid(raise_exception=True)
         data = given.validated_data
-        name = data.get("name") or _default_name(request.data.get("report"))
+        # is_valid refused anything but a JSON object, so the raw body is a mapping here
+        name = data.get("name") or _default_name(cast(Mapping[str, Any], request.data).get("report"))
         labels = read_labels_from_bytes(data["report"], name=name)
         scope = trajectory_search(filters=filters_from_params(data["filter"]))
         result = trajectories_label_from_report(labels=labels, scope=scope, source=f"API upload {name}",

@@ -36,7 +36,7 @@ def split_previews(version: DatasetVersion, *, rows: int = PREVIEW_ROWS) -> list
     A split whose files are missing says so instead of failing the page."""
     if version.status != DatasetVersion.Status.READY:
         return []
-    previews = []
+    previews: list[dict[str, Any]] = []
     for split in SPLITS:
         try:
             first = list(islice(datasets.version_rows(version=version, split=split), rows))

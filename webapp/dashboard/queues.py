@@ -6,6 +6,9 @@ instead: A or B is better (with why), or skip. Thin: a form, a service
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from django import forms
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
@@ -80,9 +83,10 @@ def queue_detail(request: HttpRequest, queue_id: int) -> HttpResponse:
     """The user's current run in the queue (their live claim), or a button to take the next one."""
     queue = _queue_or_404(queue_id)
     item = review_queues.queue_current(queue=queue, user=request.user)
+    context: dict[str, Any]
     context = {"queue": queue, "item": item, "progress": review_queues.queue_progress(queue=queue),
                "labels": step_label_set(), "can_curate": request.user.has_perm("experience.change_trajectory")}
-    if item is not None and item.other_id is not None:  # a pair: both runs side by side
+    if item is not None and item.other is not None:  # a pair: both runs side by side (both select_related)
         context["sides"] = [{"run": run, "steps": _steps(run.pk, PAIR_STEPS_SHOWN)} for run in (item.trajectory, item.other)]
         context["compare_url"] = f"{reverse('dashboard:trajectory-compare')}?a={item.trajectory_id}&b={item.other_id}"
     elif item is not None:
@@ -91,7 +95,7 @@ def queue_detail(request: HttpRequest, queue_id: int) -> HttpResponse:
     return render(request, "dashboard/queue.html", context)
 
 
-def _steps(trajectory_id: int, limit: int) -> list[dict]:
+def _steps(trajectory_id: int, limit: int) -> list[Mapping[str, object]]:
     return list(Step.objects.filter(trajectory_id=trajectory_id).order_by("seq").values("seq", "kind", "preview")[:limit])
 
 
