@@ -262,6 +262,15 @@ def _open_trajectory(rollout: Rollout):
     ))
 
 
+def _claimed_proxy_token(rollout: Rollout) -> str:
+    """The attempt's plaintext proxy token: rollout_start sets it on the object it claims, the database keeps
+    only its hash, so a rollout fetched any other way has none."""
+    token = getattr(rollout, "proxy_token", None)
+    if not isinstance(token, str):
+        raise RuntimeError(f"rollout {rollout.pk} carries no proxy token: only the object rollout_start claims has one")
+    return token
+
+
 class Attempt:
     """One attempt at a rollout, from the sandbox claim to the final status."""
 
@@ -272,6 +281,7 @@ class Attempt:
         self.job = rollout.job
         assert rollout.trajectory_id is not None, "rollout_run opens the attempt's trajectory first"
         self.trajectory_id: int = rollout.trajectory_id
+        self.proxy_token = _claimed_proxy_token(rollout)
         self.lease: fleet_ops.Lease | None = None
         self.model_calls = 0  # calls the harness made, as far as the runner knows (waited for before finishing)
         self.pending: list[StepRecord] = []
@@ -334,7 +344,7 @@ class Attempt:
         rollout, job, clock = self.rollout, self.job, self.clock
         calls = {"n": 0}
         base_chat = openai_chat(
-            f"{settings.TROVE_PROXY_PUBLIC_URL}/r/{rollout.proxy_token}/v1", job.model_name, "trove-rollout-token",
+            f"{settings.TROVE_PROXY_PUBLIC_URL}/r/{self.proxy_token}/v1", job.model_name, "trove-rollout-token",
             seed=_seed(rollout), timeout=120,
         )
 
@@ -370,7 +380,7 @@ class Attempt:
     def run_external(self) -> int:
         rollout, job, lease = self.rollout, self.job, self.held()
         setup = external.HarnessSetup(
-            base_url=_external_base_url(job.fleet) + f"/r/{rollout.proxy_token}/v1", model=job.model_name,
+            base_url=_external_base_url(job.fleet) + f"/r/{self.proxy_token}/v1", model=job.model_name,
             seed=_seed(rollout), task_key=rollout.task.key, rollout_id=rollout.pk, max_steps=job.max_steps,
             max_tokens=job.max_tokens,
         )
@@ -391,7 +401,7 @@ class Attempt:
         native_logs = None
         if launch is not None:
             outcome, native_logs = preset_rollout.split_harness_output(outcome, HARNESS_OUTPUT_BYTES)
-        calls, refused = _settled_model_calls(self.trajectory_id, rollout.proxy_token)
+        calls, refused = _settled_model_calls(self.trajectory_id, self.proxy_token)
         self.model_calls = len(calls)
         self.account_external(outcome, calls)
         # The proxy refused a call past the job's step budget: that, not how the harness took it, ended the run.

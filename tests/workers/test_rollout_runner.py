@@ -11,8 +11,8 @@ import pytest
 from experience.models import Step, Trajectory
 from webapp.fleets.models import Sandbox
 from webapp.rollouts.models import Rollout
-from webapp.rollouts.services import job_create, taskset_upsert
-from workers.rollout_runner import rollout_run
+from webapp.rollouts.services import job_create, rollout_start, taskset_upsert
+from workers.rollout_runner import Attempt, Clock, _open_trajectory, rollout_run
 from workers.seed import seed_demo_endpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -73,3 +73,15 @@ def test_an_unknown_rollout_token_gets_401_from_the_proxy_and_nothing_is_recorde
     assert caught.value.code == 401
     assert "error" in json.loads(caught.value.read())
     assert Step.objects.count() == before
+
+
+def test_an_attempt_refuses_a_rollout_that_is_not_the_claimed_object_for_it_alone_holds_the_token(
+    demo_model_url, demo_task_set, demo_fleet
+):
+    rollout = _job(demo_task_set, demo_fleet, demo_model_url, task_keys=["slugify"]).rollouts.get()
+    claimed = rollout_start(rollout_id=rollout.pk, worker="test-worker", open_trajectory=_open_trajectory)
+    refetched = Rollout.objects.get(pk=rollout.pk)  # the database keeps the token's hash only
+
+    assert claimed is not None and Attempt(claimed, "test-worker", None, Clock()).proxy_token == claimed.proxy_token
+    with pytest.raises(RuntimeError, match=f"rollout {rollout.pk} carries no proxy token"):
+        Attempt(refetched, "test-worker", None, Clock())
