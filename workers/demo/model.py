@@ -50,9 +50,9 @@ _STAND_IN_HEADERS = {"X-Trove-Stand-In": "demo"}
 _MAX_BODY_BYTES = 8 * 1024 * 1024
 _LATENCY = web.AppKey("latency_s", float)
 _CHUNK_DELAY = web.AppKey("chunk_delay_s", float)
-_GENERATIONS = web.AppKey("generations", object)
-_WEIGHT_VERSION = web.AppKey("weight_version", object)
-_STRATEGY = web.AppKey("strategy", object)
+_GENERATIONS: web.AppKey[list[Any] | None] = web.AppKey("generations", list)
+_WEIGHT_VERSION: web.AppKey[str | None] = web.AppKey("weight_version", str)
+_STRATEGY: web.AppKey[str | None] = web.AppKey("strategy", str)
 WEIGHT_VERSION_HEADER = "X-Weight-Version"
 # The token capture the demo model answers (ModelEndpoint.token_capture, webapp/proxy/capture.py): vLLM's
 # fields, so the demo's endpoint asks for token ids and its runs give exact RL samples. It answers SGLang's
@@ -88,7 +88,7 @@ def make_app(*, latency_s: float = 0.0, chunk_delay_s: float = 0.0, generations:
 
 
 def serve_in_thread(
-    host: str = "127.0.0.1", port: int = 0, **app_options: float
+    host: str = "127.0.0.1", port: int = 0, **app_options: Any
 ) -> tuple[str, Callable[[], None]]:
     """Start the server on a daemon thread. Returns (base URL ending in /v1, stop). Port 0 picks a free
     port. `stop()` shuts the server down and joins the thread; calling it twice is harmless."""
@@ -235,8 +235,9 @@ def _handler(protocol: str) -> Callable[[web.Request], Awaitable[web.StreamRespo
         answer = None if streamed else _WIRES[protocol].answer(body, reply, response_id)
         version = request.app[_WEIGHT_VERSION]
         headers = {**_STAND_IN_HEADERS, **({WEIGHT_VERSION_HEADER: version} if version else {})}
-        if protocol == "chat" and request.app[_GENERATIONS] is not None:
-            request.app[_GENERATIONS].append(wire.generation_record(body, reply))
+        generations = request.app[_GENERATIONS]
+        if protocol == "chat" and generations is not None:
+            generations.append(wire.generation_record(body, reply))
         if request.app[_LATENCY]:
             await asyncio.sleep(request.app[_LATENCY])
         if answer is not None:
