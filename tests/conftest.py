@@ -338,3 +338,12 @@ def proxy_only_fleet(transactional_db):
                                               idle_timeout_s=900)
     return fleet_services.fleet_create(name=f"test-po-{uuid.uuid4().hex[:6]}", template=template, backend="local",
                                        min_warm=0, max_warm=4, max_total=8)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_path(tmp_path_factory):
+    """A real tokenizer file (tests/experience/distill/rl_traffic.py trains it, deterministic), for the RL
+    samples' tests: the stand-in token server's and the re-tokenised path's. Read only, so one per run."""
+    from tests.experience.distill.rl_traffic import train_tokenizer
+
+    return train_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")

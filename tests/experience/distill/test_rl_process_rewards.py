@@ -12,7 +12,7 @@ from experience.services import datasets
 from experience.services.ingest import trajectory_ingest
 from experience.services.step_labels import rubric_override
 from tests.experience.distill import rl_traffic
-from tests.experience.distill.rl_traffic import TokenServer, agent_run, train_tokenizer
+from tests.experience.distill.rl_traffic import TokenServer, agent_run
 from tests.experience.services.dataset_store import rows_of
 
 pytestmark = pytest.mark.django_db
@@ -21,11 +21,6 @@ pytestmark = pytest.mark.django_db
 COMMANDS = ["cat > reproduce_bug.py <<'EOF'\nprint(1)\nEOF\npython reproduce_bug.py",
             "sed -i s/x/y/ calc/lexer.py",
             "python -m pytest -q tests/test_calc.py"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer_path(tmp_path_factory):
-    return train_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
 
 
 @pytest.fixture(autouse=True)

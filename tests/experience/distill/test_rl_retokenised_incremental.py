@@ -20,14 +20,9 @@ from experience.distill.rl_samples import (
     tokenizer_encoder,
 )
 from experience.records import MessageRecord, TrajectoryRecord
-from tests.experience.distill.rl_traffic import TokenServer, agent_run, train_tokenizer
+from tests.experience.distill.rl_traffic import TokenServer, agent_run
 
 TURNS = 30
-
-
-@pytest.fixture(scope="module")
-def tokenizer_path(tmp_path_factory):
-    return train_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
 
 
 @pytest.fixture

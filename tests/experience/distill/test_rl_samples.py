@@ -5,12 +5,7 @@ from __future__ import annotations
 import pytest
 
 from experience.distill.rl_samples import assemble, model_calls, tokenizer_encoder
-from tests.experience.distill.rl_traffic import TokenServer, agent_run, render, train_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tokenizer_path(tmp_path_factory):
-    return train_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
+from tests.experience.distill.rl_traffic import TokenServer, agent_run, render
 
 
 @pytest.fixture

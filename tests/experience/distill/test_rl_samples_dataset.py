@@ -13,16 +13,11 @@ from experience.records import TrajectoryRecord
 from experience.services import datasets
 from experience.services.ingest import trajectory_ingest
 from experience.services.rl_samples import assembly_summary, run_samples
-from tests.experience.distill.rl_traffic import TokenServer, agent_run, train_tokenizer
+from tests.experience.distill.rl_traffic import TokenServer, agent_run
 from tests.experience.services.dataset_store import rows_of
 
 pytestmark = pytest.mark.django_db
 TASKS = [f"task-{n:02d}" for n in range(12)]
-
-
-@pytest.fixture(scope="module")
-def tokenizer_path(tmp_path_factory):
-    return train_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
 
 
 @pytest.fixture(autouse=True)

@@ -11,18 +11,13 @@ from rest_framework.test import APIClient
 
 from experience.records import TrajectoryRecord
 from experience.services.ingest import trajectory_ingest
-from tests.experience.distill.rl_traffic import TokenServer, agent_run, train_tokenizer
+from tests.experience.distill.rl_traffic import TokenServer, agent_run
 from tests.webapp.rollouts.jobs_factories import finish, make_job
 from trove_client import TroveClient
 from webapp.access.roles import role_groups_sync
 from webapp.rollouts.models import Rollout, RolloutJob
 
 R = Rollout.Status
-
-
-@pytest.fixture(scope="module")
-def tokenizer_path(tmp_path_factory):
-    return train_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
 
 
 def trainer_token() -> str:

@@ -11,17 +11,12 @@ from django.test.utils import CaptureQueriesContext
 
 from experience.records import TrajectoryRecord
 from experience.services.ingest import trajectory_ingest
-from tests.experience.distill.rl_traffic import TokenServer, agent_run, train_tokenizer
+from tests.experience.distill.rl_traffic import TokenServer, agent_run
 from tests.webapp.api.test_job_samples_api import api  # noqa: F401 - the trainer's client fixture
 from tests.webapp.rollouts.jobs_factories import finish, make_job
 from webapp.rollouts.models import Rollout
 
 R = Rollout.Status
-
-
-@pytest.fixture(scope="module")
-def tokenizer_path(tmp_path_factory):
-    return train_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
 
 
 def finished_job(tokenizer_path, tasks: list[str], *, with_ids: bool, turns: int):

@@ -8,17 +8,11 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from tests.experience.distill.rl_traffic import train_tokenizer
 from tests.webapp.api.test_job_samples_api import finished_job
 from webapp.access.roles import role_groups_sync
 from webapp.rollouts.models import Rollout
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(scope="module")
-def tokenizer_path(tmp_path_factory):
-    return train_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
 
 
 @pytest.fixture
