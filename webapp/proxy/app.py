@@ -448,8 +448,8 @@ class _Proxy:
         upstream = PROTOCOLS.get(target.protocol)
         refusal = target.refusal or (None if upstream else f"endpoint {target.endpoint!r} speaks an unknown protocol "
                                      f"{target.protocol!r}")
-        if refusal:
-            return await _send(request, call.fail_locally(403, "endpoint_refused", refusal), call)
+        if refusal or upstream is None:
+            return await _send(request, call.fail_locally(403, "endpoint_refused", refusal or ""), call)
         # A body that already names the job's model goes on as the harness wrote it, byte for byte.
         forced = bool(target.model_override) and body.get("model") != target.model_override
         if forced:

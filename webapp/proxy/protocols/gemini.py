@@ -136,7 +136,9 @@ def _chat_messages(content: Any, where: str, ids: _CallIds) -> list[dict[str, An
         raise Untranslatable(where, "a content must be an object")
     parts = content.get("parts") or []
     if content.get("role") == "model":
-        text, reasoning, calls = [], [], []
+        text: list[str] = []
+        reasoning: list[str] = []
+        calls: list[dict[str, Any]] = []
         for j, part in enumerate(parts):
             if "functionCall" in part:
                 call = part["functionCall"]

@@ -186,7 +186,8 @@ def _chat_tool_choice(choice: Any) -> Any:
 
 
 def from_chat_request(chat: dict[str, Any]) -> dict[str, Any]:
-    system, messages = [], []
+    system: list[str] = []
+    messages: list[dict[str, Any]] = []
     for i, message in enumerate(chat.get("messages") or []):
         role, where = message.get("role"), f"messages[{i}]"
         if role in ("system", "developer"):
@@ -363,7 +364,7 @@ class Writer:
         return out
 
     def _start(self) -> bytes:
-        message = {"id": f"msg_{self._state.response_id}", "type": "message", "role": "assistant",
+        message: dict[str, Any] = {"id": f"msg_{self._state.response_id}", "type": "message", "role": "assistant",
                    "model": self._state.model, "content": [], "stop_reason": None, "stop_sequence": None,
                    "usage": {"input_tokens": 0, "output_tokens": 0}}
         return sse_bytes({"type": "message_start", "message": message}, "message_start")

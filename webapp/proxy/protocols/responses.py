@@ -238,7 +238,10 @@ def _input_parts(content: Any, where: str) -> Any:
 
 
 def to_chat_response(body: dict[str, Any]) -> dict[str, Any]:
-    text, reasoning, calls, logprobs = [], [], [], []
+    text: list[str] = []
+    reasoning: list[str] = []
+    calls: list[dict[str, Any]] = []
+    logprobs: list[Any] = []
     for item in body.get("output") or []:
         if not isinstance(item, dict):
             continue
@@ -368,6 +371,7 @@ class Writer:
         if kind not in self._open:
             index = len(self._items)
             self._open[kind] = index
+            item: dict[str, Any]
             if kind == "reasoning":
                 item = {"type": "reasoning", "id": f"rs_{index}_{self._response_id}", "summary": []}
                 self._items.append({**item, "_text": ""})
