@@ -56,10 +56,23 @@ def run_labels(*, trajectory: Trajectory, limit: int = 50) -> list[dict[str, Any
         "name", "value", "source", "step__seq", "step__kind", "step__preview"
     )[:limit]
     return [
-        {"name": name, "value": value, "source": source, "seq": seq, "step_kind": kind,
-         "trigger": (preview or "").strip().split("\n", 1)[0]}
+        {"name": name, "value": value, "value_text": label_value_text(value), "source": source, "seq": seq,
+         "step_kind": kind, "trigger": (preview or "").strip().split("\n", 1)[0]}
         for name, value, source, seq, kind, preview in rows
     ]
+
+
+def label_value_text(value: Any) -> str:
+    """A label's value as a person reads it: a detector's true / false as such, a curator's step label
+    (`{"by", "note"}`) or override (`{"override", "reason"}`) as its words, never a Python dict."""
+    if not isinstance(value, dict):
+        return str(value).lower() if isinstance(value, bool) else str(value)
+    if "override" in value:
+        said = f"set to {str(value['override']).lower()}"
+        return f"{said}: {value['reason']}" if value.get("reason") else said
+    note = value.get("note") or ""
+    by = f"by {value['by']}" if value.get("by") else ""
+    return " ".join(part for part in (f"“{note}”" if note else "", by) if part) or "labelled"
 
 
 def step_views(*, trajectory: Trajectory, seqs: Sequence[int] | None = None, after: int = -1,

@@ -102,7 +102,21 @@ def test_the_run_page_shows_each_rubric_label_with_the_step_it_changed_at_and_wh
     page = curator.get(f"/trajectories/{changed.trajectory_id}/").content.decode()
 
     review = page[page.index('id="review"'):page.index('id="run-review"')]
-    shown = f'{changed.name}: {changed.value} at <a href="#step-{changed.step.seq}">#{changed.step.seq}</a>'
+    shown = f'{changed.name}: {str(changed.value).lower()} at <a href="#step-{changed.step.seq}">#{changed.step.seq}</a>'
     assert shown in review
     trigger = changed.step.preview.splitlines()[0][:60]
     assert trigger and f'<code class="label-trigger">{trigger}' in review
+
+
+def test_a_curators_step_label_reads_as_its_note_and_author_not_as_a_dict(curator):
+    from experience.services.step_labels import step_label_add
+
+    [run] = stored(run_record())
+    step_label_add(trajectory_id=run, seq=1, name="reward-hack", note="rewrote the test to pass",
+                   actor=get_user_model().objects.get(username="cur"))
+
+    page = curator.get(f"/trajectories/{run}/").content.decode()
+
+    review = page[page.index('id="review"'):page.index('id="run-review"')]
+    assert "reward-hack: “rewrote the test to pass” by cur at" in review
+    assert "{&#x27;by&#x27;" not in review and "{'by'" not in review
