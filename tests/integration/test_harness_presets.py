@@ -177,6 +177,9 @@ def test_a_preset_solves_a_demo_task_through_the_proxy_in_its_own_protocol(
         assert_native_logs_import(log_note.payload["native_logs"], NATIVE_LOG_FORMATS[name], tmp_path)
     if name in NATIVE_LOG_NAMED:
         assert_native_logs_named(log_note.payload["native_logs"], NATIVE_LOG_NAMED[name], tmp_path)
+    if name == "opencode":  # its session itself, not only its log: a SQLite database (and its WAL) since 1.x
+        kept = {Path(e["path"]).name: e for e in log_note.payload["native_logs"]}
+        assert blob_get(kept["opencode.db"]["sha256"]).startswith(b"SQLite format 3\x00"), sorted(kept)
     # printed by the harness's script after it, in its exec: none of their own, nothing of them in its output
     assert not SandboxEvent.objects.filter(sandbox=rollout.sandbox, kind="exec", reason="collect native logs").exists()
     harness_step = trajectory.steps.get(kind="command", payload__harness=f"{name}@{version}")

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from workers.demo.tasks import get_demo_task
 from workers.harness.external import ExternalOutcome, HarnessSetup, harness_env, harness_script
 from workers.harness.presets import CATALOGUE
-from workers.harness.presets.launch import LOGS_END, LOGS_START, launch
+from workers.harness.presets.launch import HARNESS_REDIRECTS, LOGS_END, LOGS_START, launch
 from workers.harness.presets.rollout import harness_exec_output_bytes, split_harness_output
 from workers.sandboxes.base import ExecResult
 
@@ -24,8 +24,8 @@ def with_stand_in(harness: str) -> str:
     """Claude Code's launch script with its harness line replaced by `harness` (a bash script)."""
     script = launch(CATALOGUE["claude-code"], "2.1.197", SETUP).script
     lines = script.split("\n")
-    at = next(i for i, line in enumerate(lines) if line.endswith("< /dev/null"))
-    lines[at] = f"bash -c {shlex.quote(harness)} < /dev/null"
+    at = next(i for i, line in enumerate(lines) if line.endswith(HARNESS_REDIRECTS))
+    lines[at] = f"bash -c {shlex.quote(harness)} {HARNESS_REDIRECTS}"
     return "\n".join(lines)
 
 
@@ -50,6 +50,21 @@ def test_the_logs_printed_after_the_harness_are_split_off_its_output_which_is_le
     assert outcome.result.stderr == "oops\n"
     assert outcome.result.exit_code == 3, "the harness's exit status, not the collection's"
     assert outcome.result.truncated_bytes == 0
+
+
+def test_logs_larger_than_a_pipe_come_through_after_a_harness_that_made_its_stdout_non_blocking(task_workspace):
+    """Node and Bun set O_NONBLOCK on their stdout, the exec pipe's shared description: the script's own
+    writes after such a harness failed with EAGAIN past 64 KiB, and the logs needed an exec of their own."""
+    executor = task_workspace(get_demo_task("slugify"))
+    folder = f"/tmp/trove/{SESSION.rsplit('/', 1)[0]}"
+    harness = ("python3 -c 'import fcntl, os; fcntl.fcntl(1, fcntl.F_SETFL, fcntl.fcntl(1, fcntl.F_GETFL) | os.O_NONBLOCK)'"
+               f" && mkdir -p {folder} && head -c 300000 /dev/urandom > /tmp/trove/{SESSION} && echo done")
+
+    outcome, files = run_in_sandbox(executor, harness)
+
+    assert files is not None, "printed whole, not left for an exec"
+    assert len(files[SESSION]) == 300000 and outcome.result.stdout == "done\n"
+    assert outcome.result.exit_code == 0
 
 
 def test_a_harness_that_left_no_log_prints_none_and_needs_no_exec(task_workspace):

@@ -63,7 +63,7 @@ def test_every_preset_is_filled_in_completely_and_its_command_never_shows_the_to
     assert "$" not in "".join(run.env.values()), "every placeholder filled"
     assert run.env["HOME"].startswith("/tmp/trove/") and not run.env["HOME"].startswith("/workspace")
     assert f'"$(cat {INSTRUCTION_FILE})"' in run.script, "the task reaches the harness as its prompt"
-    assert any(line.endswith("< /dev/null") for line in run.script.splitlines()), "stdin closed: a harness must never wait on it"
+    assert any(" < /dev/null " in f" {line} " for line in run.script.splitlines()), "stdin closed: a harness must never wait on it"
     assert f"/opt/trove/bundles/{name}/{CATALOGUE[name].package.version}/" in run.script
     assert TOKEN not in run.display and "<instruction>" in run.display
 

@@ -76,8 +76,13 @@ def launch(preset: Preset, version: str, setup: HarnessSetup, *, mount: str = BU
     argv = [*program, *(PROMPT if arg == PROMPT else fill(arg, names) for arg in preset.argv)]
     # Not exec'd: once the harness exits, the same script prints its native logs after it (collected_from
     # splits them off), which saves the rollout an exec of its own for them. The exit status is the
-    # harness's (128 + n when a signal killed it, as a shell tells it).
-    lines += [f"{_command(argv)} < /dev/null", "trove_status=$?", *_collect_after(preset), "exit $trove_status"]
+    # harness's (128 + n when a signal killed it, as a shell tells it). The harness writes into pipes of its
+    # own, which cat copies on (waited for): Node and Bun harnesses (opencode, Claude Code, gemini-cli,
+    # qwen-code) set O_NONBLOCK on their stdout, which is the exec pipe's shared description, and the
+    # script's own writes after them then failed with EAGAIN once 64 KiB waited in the pipe: opencode's
+    # session database never came through this way.
+    lines += [f"{_command(argv)} {HARNESS_REDIRECTS}", "trove_status=$?", "wait", *_collect_after(preset),
+              "exit $trove_status"]
     shown = {**names, "proxy": _without_token(names["proxy"]), "base_url": _without_token(names["base_url"])}
     display = " ".join("<instruction>" if arg == PROMPT else shlex.quote(arg)
                        for arg in [*program, *(PROMPT if arg == PROMPT else fill(arg, shown) for arg in preset.argv)])
@@ -113,6 +118,7 @@ def collect_script(preset: Preset) -> str:
     ])
 
 
+HARNESS_REDIRECTS = "< /dev/null > >(cat) 2> >(cat >&2)"
 # Lines of their own on stdout around the native logs the harness script prints after the harness.
 LOGS_START, LOGS_END = "TROVE-NATIVE-LOGS-START", "TROVE-NATIVE-LOGS-END"
 

@@ -4,7 +4,8 @@
 OPENCODE_DISABLE_MODELS_FETCH stops a models-list download (it logs an error without it); the other
 switches stop update checks, LSP downloads and sharing. It makes a title call to its small model first
 (one more recorded call). It needs writable XDG directories.
-Native log: $XDG_DATA_HOME/opencode/log/*.log and its session storage.
+Native log: $XDG_DATA_HOME/opencode/log/*.log and its session storage: since 1.x a SQLite database,
+opencode.db (with its -wal / -shm files), where older versions kept storage/**/*.json (both are kept).
 """
 
 from workers.harness.presets.base import PROMPT, ConfigFile, Package, Preset, json_config
@@ -34,6 +35,7 @@ PRESET = Preset(
          "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_PURE": "1", "TMPDIR": "$tmp", "NO_COLOR": "1"},
     config_files=(ConfigFile("opencode.json", CONFIG),),
     writable_dirs=("$home/.config", "$home/.local/share", "$home/.cache", "$home/.local/state"),
-    native_logs=(".local/share/opencode/log/*.log", ".local/share/opencode/storage/**/*.json"),
+    native_logs=(".local/share/opencode/log/*.log", ".local/share/opencode/opencode.db*",
+                 ".local/share/opencode/storage/**/*.json"),
     notes="Chat Completions, streamed. A title call to the small model comes first (one more call).",
 )
