@@ -29,10 +29,10 @@ def with_stand_in(harness: str) -> str:
     return "\n".join(lines)
 
 
-def run_in_sandbox(executor, harness: str) -> tuple[ExternalOutcome, dict[str, bytes] | None]:
+def run_in_sandbox(executor, harness: str, *, timeout: float = 60) -> tuple[ExternalOutcome, dict[str, bytes] | None]:
     executor.backend.write_file(executor.handle, ".trove-instruction.md", b"Fix it.")
     script = harness_script(with_stand_in(harness), harness_env(SETUP))
-    result = executor.backend.exec(executor.handle, script, max_output=harness_exec_output_bytes(CAP))
+    result = executor.backend.exec(executor.handle, script, timeout=timeout, max_output=harness_exec_output_bytes(CAP))
     now = datetime.now(UTC)
     return split_harness_output(ExternalOutcome(result=result, started_at=now, ended_at=now), CAP)
 
@@ -65,6 +65,19 @@ def test_logs_larger_than_a_pipe_come_through_after_a_harness_that_made_its_stdo
     assert files is not None, "printed whole, not left for an exec"
     assert len(files[SESSION]) == 300000 and outcome.result.stdout == "done\n"
     assert outcome.result.exit_code == 0
+
+
+def test_a_daemon_the_harness_left_holding_its_output_does_not_keep_the_script_from_ending(task_workspace):
+    """The script waits for the cats that copy the harness's output on, but not for a process the harness
+    left behind that still holds its pipe: it ends, with the harness's output and status and the logs."""
+    executor = task_workspace(get_demo_task("slugify"))
+    harness = (f"mkdir -p /tmp/trove/{SESSION.rsplit('/', 1)[0]} && echo kept > /tmp/trove/{SESSION}; "
+               "(sleep 120 &); echo done; exit 4")
+
+    outcome, files = run_in_sandbox(executor, harness, timeout=60)
+
+    assert not outcome.result.timed_out, "the script waited for the harness's daemon"
+    assert (outcome.result.exit_code, outcome.result.stdout, files) == (4, "done\n", {SESSION: b"kept\n"})
 
 
 def test_a_harness_that_left_no_log_prints_none_and_needs_no_exec(task_workspace):

@@ -76,13 +76,9 @@ def launch(preset: Preset, version: str, setup: HarnessSetup, *, mount: str = BU
     argv = [*program, *(PROMPT if arg == PROMPT else fill(arg, names) for arg in preset.argv)]
     # Not exec'd: once the harness exits, the same script prints its native logs after it (collected_from
     # splits them off), which saves the rollout an exec of its own for them. The exit status is the
-    # harness's (128 + n when a signal killed it, as a shell tells it). The harness writes into pipes of its
-    # own, which cat copies on (waited for): Node and Bun harnesses (opencode, Claude Code, gemini-cli,
-    # qwen-code) set O_NONBLOCK on their stdout, which is the exec pipe's shared description, and the
-    # script's own writes after them then failed with EAGAIN once 64 KiB waited in the pipe: opencode's
-    # session database never came through this way.
-    lines += [f"{_command(argv)} {HARNESS_REDIRECTS}", "trove_status=$?", "wait", *_collect_after(preset),
-              "exit $trove_status"]
+    # harness's (128 + n when a signal killed it, as a shell tells it).
+    lines += [*HARNESS_PIPES_OPEN, f"{_command(argv)} {HARNESS_REDIRECTS}", "trove_status=$?",
+              *HARNESS_PIPES_DRAINED, *_collect_after(preset), "exit $trove_status"]
     shown = {**names, "proxy": _without_token(names["proxy"]), "base_url": _without_token(names["base_url"])}
     display = " ".join("<instruction>" if arg == PROMPT else shlex.quote(arg)
                        for arg in [*program, *(PROMPT if arg == PROMPT else fill(arg, shown) for arg in preset.argv)])
@@ -118,7 +114,17 @@ def collect_script(preset: Preset) -> str:
     ])
 
 
-HARNESS_REDIRECTS = "< /dev/null > >(cat) 2> >(cat >&2)"
+# The harness writes into pipes of its own, which a cat each copies on: Node and Bun harnesses (opencode,
+# Claude Code, gemini-cli, qwen-code) set O_NONBLOCK on their stdout, and on the exec's own pipe (a shared
+# description) the script's writes after them then failed with EAGAIN once 64 KiB waited in it: opencode's
+# session database never came through. The cats are waited for at most 2 s, so a daemon the harness left
+# holding its pipe cannot keep the script from ending (the agent's drain grace covers the rest).
+HARNESS_PIPES_OPEN = ("exec 3> >(exec cat) && trove_out=$!", "exec 4> >(exec cat >&2) && trove_err=$!")
+HARNESS_REDIRECTS = "< /dev/null >&3 2>&4 3>&- 4>&-"
+HARNESS_PIPES_DRAINED = (
+    "exec 3>&- 4>&-",
+    "for _ in {1..400}; do { kill -0 $trove_out || kill -0 $trove_err; } 2>/dev/null || break; sleep 0.005; done",
+)
 # Lines of their own on stdout around the native logs the harness script prints after the harness.
 LOGS_START, LOGS_END = "TROVE-NATIVE-LOGS-START", "TROVE-NATIVE-LOGS-END"
 
