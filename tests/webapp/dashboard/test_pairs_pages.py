@@ -16,6 +16,7 @@ from experience.models import PairwisePreference, ReviewItem, ReviewQueue
 from experience.services.pair_claims import ADHOC_NAME
 from experience.services.preferences import preference_record
 from tests.experience.services.store_factories import run_record, stored
+from tests.webapp.dashboard.test_queue_pages import curator
 from webapp.access.roles import role_groups_sync
 
 pytestmark = pytest.mark.django_db
@@ -58,14 +59,6 @@ def test_a_reader_looks_but_may_not_choose():
 
 # --- claims: the page shares the review queues' claims (experience.services.pair_claims) -------------------
 
-def curator_client(name: str) -> Client:
-    client = Client()
-    user = get_user_model().objects.create_user(name)
-    user.groups.add(role_groups_sync()["curator"])
-    client.force_login(user)
-    return client
-
-
 def shown(client: Client, **params) -> tuple[int, int] | None:
     """The pair the page offers this client (its form's a and b), or None."""
     page = client.get("/pairs/", params).content.decode()
@@ -81,7 +74,7 @@ def judge(client: Client, pair: tuple[int, int], choice: str = "a", **params) ->
 
 def test_two_curators_on_the_page_get_different_pairs_and_each_keeps_theirs():
     stored(*[run_record(task_key="t") for _ in range(3)])
-    ann, bob = curator_client("ann"), curator_client("bob")
+    ann, bob = curator("ann"), curator("bob")
 
     ann_pair, bob_pair = shown(ann, task="t"), shown(bob, task="t")
 
@@ -94,7 +87,7 @@ def test_two_curators_on_the_page_get_different_pairs_and_each_keeps_theirs():
 
 def test_a_claim_that_ran_out_goes_to_the_next_curator_and_the_first_may_no_longer_judge_it():
     stored(run_record(task_key="t"), run_record(task_key="t"))
-    ann, bob = curator_client("ann"), curator_client("bob")
+    ann, bob = curator("ann"), curator("bob")
     pair = shown(ann)
 
     waiting = bob.get("/pairs/").content.decode()
@@ -112,7 +105,7 @@ def test_a_claim_that_ran_out_goes_to_the_next_curator_and_the_first_may_no_long
 
 def test_a_judged_pair_is_not_offered_again_to_anyone():
     stored(*[run_record(task_key="t") for _ in range(3)])
-    ann, bob = curator_client("ann"), curator_client("bob")
+    ann, bob = curator("ann"), curator("bob")
 
     first = shown(ann)
     judge(ann, first)
@@ -128,7 +121,7 @@ def test_a_judged_pair_is_not_offered_again_to_anyone():
 
 def test_a_pair_judged_elsewhere_while_held_gives_way_to_the_next():
     a, b, c = stored(*[run_record(task_key="t") for _ in range(3)])
-    ann = curator_client("ann")
+    ann = curator("ann")
     held = shown(ann)
 
     preference_record(chosen_id=held[0], rejected_id=held[1], reason="judged in a queue meanwhile")
@@ -140,7 +133,7 @@ def test_a_pair_judged_elsewhere_while_held_gives_way_to_the_next():
 
 def test_a_pair_the_page_did_not_offer_or_a_bad_choice_is_refused_by_name():
     a, b = stored(run_record(task_key="t"), run_record(task_key="t"))
-    ann, bob = curator_client("ann"), curator_client("bob")
+    ann, bob = curator("ann"), curator("bob")
     pair = shown(ann)
 
     never_offered = judge(bob, (pair[1], pair[0]))
@@ -155,8 +148,8 @@ def test_a_pair_the_page_did_not_offer_or_a_bad_choice_is_refused_by_name():
 
 def test_the_pages_own_queue_is_not_listed_with_the_queues_people_make():
     stored(run_record(task_key="t"), run_record(task_key="t"))
-    curator = curator_client("ann")
-    shown(curator)
+    ann = curator("ann")
+    shown(ann)
 
     assert ReviewQueue.objects.filter(adhoc=True).count() == 1
-    assert ADHOC_NAME not in curator.get("/queues/").content.decode()
+    assert ADHOC_NAME not in ann.get("/queues/").content.decode()
